@@ -1,0 +1,43 @@
+"""One error hierarchy for the whole domain.
+
+Every message here is safe to show to a client: it names the problem (a column,
+a row, a party, a parameter) but never carries a share, a key or engine output.
+The services map these classes once to gRPC status codes and problem details.
+"""
+
+from __future__ import annotations
+
+
+class PpfsError(Exception):
+    """Base of every error ppfs raises on purpose."""
+
+
+class InputDataError(PpfsError):
+    """The data a data owner supplied cannot be used (bad CSV, NaN, ...)."""
+
+
+class ParameterError(PpfsError):
+    """A job parameter is out of range or inconsistent (k, label, security, ...)."""
+
+
+class ShareFormatError(PpfsError):
+    """A share bundle is malformed, truncated or fails its checksum."""
+
+
+class EngineUnavailableError(PpfsError):
+    """The requested MPC engine is not installed or not usable here."""
+
+
+class EngineError(PpfsError):
+    """An MPC run failed. ``party`` names the failing party when known."""
+
+    def __init__(self, message: str, party: str | None = None) -> None:
+        super().__init__(message)
+        self.party = party
+
+
+class IntegrityError(EngineError):
+    """Parties' copies of a share component disagree: a server altered data.
+
+    Raised before anything is revealed.
+    """

@@ -1,0 +1,117 @@
+"""The embedded default: a data owner, the parties and the result's recipient as
+local processes on one machine.
+
+:func:`prepare_inputs` does what a data owner's client does (encode, share, write
+one directory per party) and what the recipient does before a run (draw mask
+words and share them). :func:`run_select` then runs Step 2A on an engine and
+unmasks the opened words on the recipient's side only.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ppfs.engines.base import PARTY_NAMES, Engine, EngineRun, Progress, Step2AInputs
+from ppfs.errors import EngineError, EngineUnavailableError
+from ppfs.fixedpoint import FixedPoint
+from ppfs.sharing import bundles_for_all
+from ppfs.step2a import Security, Step2AShape, draw_mask_words, unmask
+from ppfs.table import LabelledTable
+
+
+@dataclass(frozen=True)
+class PreparedInputs:
+    inputs: Step2AInputs
+    exponents: np.ndarray  # public per-column scale exponents (the schema)
+    raw: np.ndarray  # encoded values; stays with the data owner
+    mask_words: np.ndarray  # stays with the recipient
+
+
+@dataclass
+class Selection:
+    """What the recipient learns: the selected columns, best first, and D'."""
+
+    columns: list[str]
+    indices: np.ndarray
+    reduced: np.ndarray  # m x k floats, decoded with each selected column's scale
+    reduced_raw: np.ndarray  # m x k encoded values
+    run: EngineRun
+    shape: Step2AShape
+    security: Security
+    fixed_point: FixedPoint
+
+
+def prepare_inputs(
+    table: LabelledTable,
+    k: int,
+    security: Security,
+    root: Path,
+    *,
+    fixed_point: FixedPoint | None = None,
+    rng: np.random.Generator | None = None,
+) -> PreparedInputs:
+    fp = fixed_point or FixedPoint()
+    rng = rng or np.random.default_rng()
+    shape = Step2AShape(table.m, table.p, table.n_classes, k, fp.value_bits)
+    exps = fp.choose_exponents(table.x, table.columns)
+    raw = fp.encode(table.x, exps, table.columns)
+    words = draw_mask_words(shape.outputs, rng)
+    dataset_id = uuid.uuid4().hex
+    dirs = tuple(
+        root / f"p{i}-{PARTY_NAMES[i].lower()}" / "inputs" for i in range(security.parties)
+    )
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+    for kind, matrix, frac in (
+        ("data", raw, fp.frac_bits),
+        ("labels", table.one_hot(), 0),
+        ("mask", words, 0),
+    ):
+        bundles = bundles_for_all(
+            matrix, security.scheme, rng, dataset_id=dataset_id, kind=kind, frac_bits=frac
+        )
+        for i, b in enumerate(bundles):
+            b.save(dirs[i] / f"{kind}.shr")
+    return PreparedInputs(Step2AInputs(shape, security, dirs), exps, raw, words)
+
+
+async def run_select(
+    table: LabelledTable,
+    k: int,
+    security: Security,
+    engine: Engine,
+    workdir: Path,
+    *,
+    fixed_point: FixedPoint | None = None,
+    progress: Progress | None = None,
+    rng: np.random.Generator | None = None,
+) -> Selection:
+    reason = engine.unavailable_reason()
+    if reason is not None:
+        raise EngineUnavailableError(f"engine {engine.name} is not usable: {reason}")
+    if not engine.supports(security):
+        raise EngineUnavailableError(f"engine {engine.name} does not support {security.value}")
+    fp = fixed_point or FixedPoint()
+    if progress:
+        progress("encoding and secret-sharing the data")
+    prepared = prepare_inputs(table, k, security, workdir, fixed_point=fp, rng=rng)
+    run = await engine.run_step2a(prepared.inputs, workdir, progress)
+    shape = prepared.inputs.shape
+    idx, reduced_raw = unmask(run.opened, prepared.mask_words, shape)
+    if np.any((idx < 0) | (idx >= shape.p)) or len(set(idx.tolist())) != shape.k:
+        raise EngineError("the opened selection is not a set of k distinct columns")
+    reduced = fp.decode(reduced_raw, prepared.exponents[idx][None, :])
+    return Selection(
+        columns=[table.columns[int(j)] for j in idx],
+        indices=idx,
+        reduced=reduced,
+        reduced_raw=reduced_raw,
+        run=run,
+        shape=shape,
+        security=security,
+        fixed_point=fp,
+    )

@@ -1,0 +1,107 @@
+"""Per-deployment PKI for the MPC links between parties.
+
+The deployment's CA signs one TLS certificate per party. Each party's private key
+is generated in that party's own directory and never copied anywhere else; only
+the certificate (public) is shared. The CA key stays with whoever set up the
+deployment and signs nothing but party certificates.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+_VALIDITY = dt.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class CertificateAuthority:
+    key: ec.EllipticCurvePrivateKey
+    cert: x509.Certificate
+
+    @classmethod
+    def create(cls, name: str = "ppfs deployment CA") -> CertificateAuthority:
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        now = dt.datetime.now(dt.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=False,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(key, hashes.SHA256())
+        )
+        return cls(key, cert)
+
+    def cert_pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def issue(self, csr: x509.CertificateSigningRequest) -> x509.Certificate:
+        if not csr.is_signature_valid:
+            raise ValueError("certificate request signature is invalid")
+        now = dt.datetime.now(dt.UTC)
+        cn = csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+        return (
+            x509.CertificateBuilder()
+            .subject_name(csr.subject)
+            .issuer_name(self.cert.subject)
+            .public_key(csr.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.SubjectAlternativeName([x509.DNSName(str(cn).replace(" ", "-"))]),
+                critical=False,
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+
+
+def party_key_and_csr(key_path: Path, common_name: str) -> x509.CertificateSigningRequest:
+    """Generate a party's private key at ``key_path`` (mode 0600) and return its CSR."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    key_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(pem)
+    return (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .sign(key, hashes.SHA256())
+    )
+
+
+def write_cert(path: Path, cert: x509.Certificate) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

@@ -1,0 +1,202 @@
+"""Step 2A: what the secure computation computes, stated once for every engine.
+
+The engines (MP-SPDZ, MPyC) implement exactly the integer algorithm below on
+secret shares; :func:`mirror` runs the same algorithm in the clear on the encoded
+values and so predicts the secure output bit for bit. It is the fixed-point
+oracle of the tests.
+
+Algorithm, for an (m x p) matrix D of encoded values (|D| < 2^(V-1)), labels as
+the one-hot matrix L (m x (n-1)) and k:
+
+1. Mean split without division: x > theta  <=>  m*x - S > 0, with S the column
+   sum; one comparison of bit length V + bitlen(m) + 1 per entry, batched.
+2. Class counts by secure products (cost per output, not per instance):
+   b = 1^T GT, B = L^T GT, a = m - b, A_c = colsum(L)_c - B_c, and the n-th class
+   from a and b.
+3. Exact score numerator and denominator as integers:
+   G = m - Q with Q = AA/a + BB/b = (AA*b + BB*a) / (a*b), AA = sum_c A_c^2.
+   a >= 1 always (some value is <= the mean); b = 0 exactly for a constant column,
+   where Q = AA/m. Lower G is better, i.e. higher Q.
+4. q = floor(Q * 2^F) by secure restoring long division, F = 62 - bitlen(m) so
+   q < 2^62. q orders features exactly as Q does whenever distinct scores differ
+   by more than 2^-F; exactly tied scores stay tied.
+5. Oblivious top-k by ranks: one comparison per pair, rank_i = number of features
+   that beat i (higher q, or equal q and lower index). T[j, r] = [rank_j == r] for
+   r < k. Nobody learns a score, a rank or which feature was selected.
+6. D' = D x T (exact: T is 0/1), selected index per rank idx_r = sum_j j*T[j, r].
+
+The outputs (idx, then D' row by row) are opened only masked with random words the
+result's recipient secret-shared like any input; only the recipient can unmask.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from ppfs.errors import ParameterError
+from ppfs.sharing import Scheme
+
+# Mask words are drawn from [0, 2^MASK_WORD_BITS); a mask is w0 + 2^MASK_WORD_BITS * w1.
+# Mod 2^64 that is uniform (w0 uniform on 60 bits, w1 mod 16 uniform on the top 4 bits);
+# in a prime field of more than 101 bits it hides a value below 2^61 statistically.
+MASK_WORD_BITS = 60
+RING_BITS = 64
+
+
+class Security(enum.Enum):
+    PASSIVE_3PC = "passive-3pc"
+    ACTIVE_3PC = "active-3pc"
+    ACTIVE_4PC = "active-4pc"
+    PASSIVE_4PC = "passive-4pc"  # MPyC only: MP-SPDZ's 4-party protocol is the active Rep4
+
+    @property
+    def parties(self) -> int:
+        return 4 if self in (Security.ACTIVE_4PC, Security.PASSIVE_4PC) else 3
+
+    @property
+    def active(self) -> bool:
+        return self in (Security.ACTIVE_3PC, Security.ACTIVE_4PC)
+
+    @property
+    def scheme(self) -> Scheme:
+        return Scheme.for_parties(self.parties)
+
+
+def input_schedule(security: Security) -> list[tuple[int, int]]:
+    """(component, inputting party) pairs in the order every program inputs them.
+
+    Component j is input by its holders in cyclic order starting at party j: the
+    first holder only in the passive settings; the first two in the active ones, so
+    a party that alters its copy is caught when the two copies are compared before
+    anything is revealed.
+    """
+    scheme = security.scheme
+    n = scheme.parties
+    copies = 2 if security.active else 1
+    out: list[tuple[int, int]] = []
+    for j in range(n):
+        holders = sorted(scheme.holders_of(j), key=lambda h: (h - j) % n)
+        out.extend((j, h) for h in holders[:copies])
+    return out
+
+
+def party_input_order(security: Security, party: int) -> list[int]:
+    """Components ``party`` inputs, in program order (the order of its input file)."""
+    return [j for j, who in input_schedule(security) if who == party]
+
+
+def bitlen(v: int) -> int:
+    return int(v).bit_length()
+
+
+@dataclass(frozen=True)
+class Step2AShape:
+    """Public parameters of one Step 2A run; everything the program is compiled for."""
+
+    m: int
+    p: int
+    n_classes: int
+    k: int
+    value_bits: int = 32
+
+    def __post_init__(self) -> None:
+        if self.m < 2:
+            raise ParameterError(f"need at least 2 rows, got m={self.m}")
+        if self.p < 2:
+            raise ParameterError(f"need at least 2 feature columns, got p={self.p}")
+        if not 1 <= self.k < self.p:
+            raise ParameterError(f"k must satisfy 1 <= k < p = {self.p}, got k={self.k}")
+        if self.n_classes < 2:
+            raise ParameterError("the label needs at least two classes")
+        if self.m >= 1 << 20:
+            raise ParameterError(f"m={self.m} exceeds the supported 2^20 rows")
+
+    @property
+    def split_bits(self) -> int:
+        """Bit length of m*x - S (signed)."""
+        return self.value_bits + bitlen(self.m) + 1
+
+    @property
+    def score_frac_bits(self) -> int:
+        return 62 - bitlen(self.m)
+
+    @property
+    def int_steps(self) -> int:
+        """Integer-part steps of the long division: Q <= m < 2^bitlen(m)."""
+        return bitlen(self.m)
+
+    @property
+    def div_int_bits(self) -> int:
+        """Bit length for comparing r with D << t in the integer steps."""
+        return min(RING_BITS - 1, 3 * bitlen(self.m) + 2)
+
+    @property
+    def div_frac_bits(self) -> int:
+        """Bit length for comparing 2r with D in the fractional steps (2r < 2D <= m^2/2)."""
+        return 2 * bitlen(self.m) + 2
+
+    @property
+    def rank_bits(self) -> int:
+        return RING_BITS - 1
+
+    @property
+    def outputs(self) -> int:
+        """Number of masked words opened: k indices then m*k entries of D'."""
+        return self.k + self.m * self.k
+
+    def program_args(self) -> list[str]:
+        return [str(self.m), str(self.p), str(self.n_classes), str(self.k), str(self.value_bits)]
+
+
+@dataclass(frozen=True)
+class Step2AReference:
+    q: list[int]  # scaled score numerators, higher is better
+    selected: np.ndarray  # k column indices, best first
+    reduced: np.ndarray  # m x k int64 raw values of D'
+
+
+def mirror(raw: np.ndarray, y: np.ndarray, shape: Step2AShape) -> Step2AReference:
+    """The secure algorithm in the clear on encoded values: the fixed-point oracle."""
+    m, p = raw.shape
+    d = raw.astype(object)
+    col_sum = d.sum(axis=0)
+    gt = (m * d - col_sum[None, :]) > 0
+    q: list[int] = []
+    F = shape.score_frac_bits
+    for j in range(p):
+        above = gt[:, j]
+        b = int(above.sum())
+        a = m - b
+        bb = sum(int((above & (y == c)).sum()) ** 2 for c in range(shape.n_classes))
+        aa = sum(int((~above & (y == c)).sum()) ** 2 for c in range(shape.n_classes))
+        if b == 0:
+            num, den = aa, m
+        else:
+            num, den = aa * b + bb * a, a * b
+        q.append((num << F) // den)
+    order = sorted(range(p), key=lambda j: (-q[j], j))[: shape.k]
+    sel = np.array(order, dtype=np.int64)
+    return Step2AReference(q=q, selected=sel, reduced=raw[:, sel].astype(np.int64))
+
+
+def mask_values(words: np.ndarray) -> np.ndarray:
+    """Masks mod 2^64 from (count, 2) mask words: w0 + 2^60 * w1."""
+    w = words.astype(np.uint64)
+    return w[:, 0] + (w[:, 1] << np.uint64(MASK_WORD_BITS))
+
+
+def draw_mask_words(count: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(0, 1 << MASK_WORD_BITS, size=(count, 2), dtype=np.int64)
+
+
+def unmask(
+    opened: np.ndarray, words: np.ndarray, shape: Step2AShape
+) -> tuple[np.ndarray, np.ndarray]:
+    """Recipient side: remove the masks; returns (selected indices, D' raw m x k)."""
+    plain = (np.asarray(opened, dtype=np.uint64) - mask_values(words)).view(np.int64)
+    idx = plain[: shape.k]
+    reduced = plain[shape.k :].reshape(shape.m, shape.k)
+    return idx, reduced

@@ -1,0 +1,115 @@
+"""Loading and validating a data owner's CSV table.
+
+Every problem is reported as :class:`InputDataError` naming the column and row
+(1-based data rows, the header is row 0), before anything is shared or started.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ppfs.errors import InputDataError, ParameterError
+
+
+@dataclass(frozen=True)
+class LabelledTable:
+    """Numeric features plus a label column mapped to class indices 0..n-1."""
+
+    columns: tuple[str, ...]
+    x: np.ndarray  # (m, p) float64
+    label_column: str
+    classes: tuple[str, ...]
+    y: np.ndarray  # (m,) int64 class index
+
+    @property
+    def m(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def p(self) -> int:
+        return int(self.x.shape[1])
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    def one_hot(self) -> np.ndarray:
+        """The paper's label-class matrix L: m x (n-1), the last class implicit."""
+        eye = np.eye(self.n_classes, dtype=np.int64)
+        return eye[self.y][:, : self.n_classes - 1]
+
+
+def read_csv(path: Path, label: str) -> LabelledTable:
+    """Read ``path`` with a header row; every column but ``label`` must be numeric."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+    except FileNotFoundError:
+        raise InputDataError(f"{path}: no such file") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise InputDataError(f"{path}: not a readable CSV file ({exc})") from None
+    rows = [r for r in rows if r and any(cell.strip() for cell in r)]
+    if not rows:
+        raise InputDataError(f"{path}: the file is empty")
+    header = [h.strip() for h in rows[0]]
+    body = rows[1:]
+    if not body:
+        raise InputDataError(f"{path}: the file has a header but no data rows")
+    if len(set(header)) != len(header):
+        dup = next(h for h in header if header.count(h) > 1)
+        raise InputDataError(f"{path}: column {dup!r} appears more than once in the header")
+    for i, r in enumerate(body, start=1):
+        if len(r) != len(header):
+            raise InputDataError(
+                f"{path}: row {i} has {len(r)} fields but the header has {len(header)}"
+            )
+    return table_from_rows(header, body, label, source=str(path))
+
+
+def table_from_rows(
+    header: list[str], body: list[list[str]], label: str, *, source: str = "input"
+) -> LabelledTable:
+    if label not in header:
+        raise ParameterError(f"{source}: label column {label!r} is not in the header")
+    li = header.index(label)
+    feat_idx = [j for j in range(len(header)) if j != li]
+    if not feat_idx:
+        raise InputDataError(f"{source}: there are no feature columns besides the label")
+    x = np.empty((len(body), len(feat_idx)), dtype=np.float64)
+    for i, r in enumerate(body, start=1):
+        for t, j in enumerate(feat_idx):
+            cell = r[j].strip()
+            if cell == "" or cell in {"?", "NA", "NaN", "nan", "null"}:
+                raise InputDataError(f"{source}: column {header[j]!r}, row {i}: missing value")
+            try:
+                x[i - 1, t] = float(cell)
+            except ValueError:
+                raise InputDataError(
+                    f"{source}: column {header[j]!r}, row {i}: {cell[:20]!r} is not numeric"
+                ) from None
+    labels = [r[li].strip() for r in body]
+    for i, v in enumerate(labels, start=1):
+        if v == "":
+            raise InputDataError(f"{source}: label column {label!r}, row {i}: missing value")
+    classes = _sorted_classes(labels)
+    if len(classes) < 2:
+        raise InputDataError(
+            f"{source}: label column {label!r} has a single class ({classes[0]!r}); "
+            "feature selection needs at least two"
+        )
+    index = {c: t for t, c in enumerate(classes)}
+    y = np.array([index[v] for v in labels], dtype=np.int64)
+    columns = tuple(header[j] for j in feat_idx)
+    return LabelledTable(columns, x, label, tuple(classes), y)
+
+
+def _sorted_classes(labels: list[str]) -> list[str]:
+    distinct = set(labels)
+    try:
+        return sorted(distinct, key=float)
+    except ValueError:
+        return sorted(distinct)

@@ -1,0 +1,89 @@
+"""The plaintext references: MS-GINI by hand, and the fixed-point mirror against it."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ppfs import oracle
+from ppfs.fixedpoint import FixedPoint
+from ppfs.step2a import Step2AShape, mirror
+from ppfs.synthetic import make_table
+from ppfs.table import read_csv
+
+DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+
+
+def test_ms_gini_by_hand():
+    # column 0: mean 2.5, S_le = rows {0,1} (labels 0,0), S_gt = {2,3} (labels 1,1): pure split
+    # column 1: mean 1.0, S_le = {0,1,2,3} (all equal): a constant column
+    x = np.array([[1.0, 1.0], [2.0, 1.0], [3.0, 1.0], [4.0, 1.0]])
+    y = np.array([0, 0, 1, 1])
+    g = oracle.ms_gini(x, y, 2)
+    # pure: 2*(1-1) + 2*(1-1) = 0; constant: 4*(1 - (0.5^2 + 0.5^2)) = 2
+    np.testing.assert_allclose(g, [0.0, 2.0])
+    assert list(oracle.top_k_lowest(g, 2)) == [0, 1]
+
+
+def test_top_k_ties_lower_index_first():
+    assert list(oracle.top_k_lowest(np.array([3.0, 1.0, 1.0, 0.5]), 3)) == [3, 1, 2]
+    assert list(oracle.top_k_highest(np.array([3.0, 1.0, 3.0, 0.5]), 2)) == [0, 2]
+
+
+def _mirror_selection(t, k):
+    fp = FixedPoint()
+    e = fp.choose_exponents(t.x, t.columns)
+    raw = fp.encode(t.x, e, t.columns)
+    return mirror(raw, t.y, Step2AShape(t.m, t.p, t.n_classes, k)), raw
+
+
+@pytest.mark.parametrize("n_classes", [2, 3, 5])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mirror_matches_float_oracle_random(n_classes, seed):
+    t = make_table(300, 25, n_classes=n_classes, seed=seed)
+    ref, raw = _mirror_selection(t, 10)
+    plain = oracle.top_k_lowest(oracle.ms_gini(t.x, t.y, n_classes), 10)
+    np.testing.assert_array_equal(ref.selected, plain)
+    np.testing.assert_array_equal(ref.reduced, raw[:, plain])
+
+
+def test_mirror_constant_and_tied_columns():
+    t = make_table(80, 6, seed=3)
+    x = t.x.copy()
+    x[:, 2] = 5.0  # constant
+    x[:, 4] = x[:, 1]  # exact duplicate: tied score, lower index first
+    t = type(t)(t.columns, x, t.label_column, t.classes, t.y)
+    ref, _ = _mirror_selection(t, 5)
+    plain = oracle.top_k_lowest(oracle.ms_gini(t.x, t.y, 2), 5)
+    np.testing.assert_array_equal(ref.selected, plain)
+    pos = list(ref.selected)
+    assert pos.index(1) < pos.index(4)
+
+
+def test_mirror_no_overflow_at_100k_rows():
+    t = make_table(100_000, 4, seed=4)
+    ref, _ = _mirror_selection(t, 2)
+    assert max(ref.q) < 2**62
+    np.testing.assert_array_equal(ref.selected, oracle.top_k_lowest(oracle.ms_gini(t.x, t.y, 2), 2))
+
+
+@pytest.mark.parametrize("name, k", [("cogload", 12), ("lsvt", 103), ("speed", 67)])
+def test_mirror_matches_float_oracle_on_paper_data(name, k):
+    path = DATASETS / name / f"{name}.csv"
+    if not path.exists():
+        pytest.skip(f"data set not found at {path}")
+    t = read_csv(path, "label")
+    ref, _ = _mirror_selection(t, k)
+    plain = oracle.top_k_lowest(oracle.ms_gini(t.x, t.y, t.n_classes), k)
+    np.testing.assert_array_equal(ref.selected, plain)
+
+
+def test_comparison_scorers_sane():
+    t = make_table(400, 8, seed=9, magnitudes=False, informative=2)
+    pcc = oracle.abs_pearson(t.x, t.y)
+    mi = oracle.mutual_information(t.x, t.y, 2)
+    gi = oracle.gini_impurity_best_split(t.x, t.y, 2)
+    ms = oracle.ms_gini(t.x, t.y, 2)
+    assert np.all(gi <= ms + 1e-9)  # the best threshold is at least as good as the mean
+    # the strongest column (class shift 1.5 sigma) is first for every scorer
+    assert np.argmax(pcc) == np.argmax(mi) == np.argmin(gi) == np.argmin(ms)
