@@ -1,0 +1,82 @@
+"""The CLI's main job: bad input is refused in one line with exit code 2, nothing started."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ppfs import oracle
+from ppfs.cli import main
+from ppfs.table import read_csv
+
+GOOD = "a,b,c,d,y\n" + "".join(
+    f"{i},{(i * 7) % 5},{-i * 1e6},{(i % 3) * 0.001},{i % 2}\n" for i in range(30)
+)
+
+
+@pytest.fixture
+def good_csv(tmp_path):
+    p = tmp_path / "good.csv"
+    p.write_text(GOOD)
+    return p
+
+
+@pytest.mark.parametrize(
+    "text, extra, message",
+    [
+        ("a,b,y\n1,x,0\n2,3,1\n3,4,0\n", ["--k", "1"], "column 'b', row 1: 'x' is not numeric"),
+        ("a,b,y\n1,2,0\n2,,1\n3,4,0\n", ["--k", "1"], "column 'b', row 2: missing value"),
+        ("a,b,y\n1,2,0\n2,3,0\n3,4,0\n", ["--k", "1"], "single class"),
+        ("", ["--k", "1"], "empty"),
+        ("a,b,y\n1,2,0\n2,3\n", ["--k", "1"], "row 2 has 2 fields"),
+    ],
+)
+def test_bad_input_exit_2(tmp_path, capsys, text, extra, message):
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    rc = main(["select", str(p), "--label", "y", *extra, "--workdir", str(tmp_path / "w")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and message in err[0]
+    assert not (tmp_path / "w").exists()  # nothing was started
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--label", "nope", "--k", "1"], "label column 'nope' is not in the header"),
+        (["--label", "y", "--k", "0"], "1 <= k < p = 4"),
+        (["--label", "y", "--k", "4"], "1 <= k < p = 4"),
+        (["--label", "y", "--k", "1", "--engine", "mpyc", "--security", "active-3pc"],
+         "mpyc does not support active-3pc"),
+    ],
+)
+def test_bad_parameters_exit_2(good_csv, tmp_path, capsys, args, message):
+    rc = main(["select", str(good_csv), *args, "--workdir", str(tmp_path / "w")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert message in err[-1]
+    assert not (tmp_path / "w").exists()
+
+
+def test_select_json_and_out_on_mpyc(good_csv, tmp_path):
+    """The whole main job through the installed entry point, on the pure-pip engine."""
+    out = tmp_path / "reduced.csv"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ppfs.cli", "select", str(good_csv), "--label", "y", "--k", "2",
+         "--engine", "mpyc", "--json", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout)
+    t = read_csv(good_csv, "y")
+    plain = oracle.top_k_lowest(oracle.ms_gini(t.x, t.y, 2), 2)
+    assert res["selected"] == [t.columns[j] for j in plain]
+    assert res["k"] == 2 and res["security"] == "passive-3pc" and res["engine"] == "mpyc"
+    assert res["parties"] == 3 and res["seconds"] > 0 and res["bytes_sent"] >= 0
+    assert "engine mpyc" in proc.stderr
+    reduced = read_csv(out, "y")
+    assert list(reduced.columns) == res["selected"]
+    np.testing.assert_allclose(reduced.x, t.x[:, plain], rtol=0, atol=1e6 * 2.0**-16)
