@@ -1,0 +1,119 @@
+"""Sealed, signed uploads: how a data owner's shares reach a party through the gateway.
+
+The client seals each party's share bundles to that party's X25519 box key
+(libsodium sealed box: only that party can open it) and signs a manifest with the
+owner's Ed25519 key. The manifest binds the dataset, the upload, the public
+schema and the SHA-256 of every party's sealed part, so a party can check that
+its part comes from a registered owner, belongs to this upload and was not
+swapped, re-sealed or mixed with another upload's part by the gateway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from nacl.exceptions import BadSignatureError, CryptoError
+from nacl.public import PrivateKey, PublicKey, SealedBox
+from nacl.signing import SigningKey, VerifyKey
+
+from ppfs.errors import ShareFormatError
+from ppfs.sharing import ShareBundle
+
+_LEN = struct.Struct("<Q")
+
+
+class UploadRejected(ShareFormatError):
+    """A party refuses an upload part (bad signature, wrong hash, replay, ...)."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    dataset_id: str
+    upload_id: str
+    owner_id: str
+    scheme: str
+    rows: int
+    columns: tuple[str, ...]
+    column_exponents: tuple[int, ...]
+    label_column: str  # "" when this owner holds no label
+    classes: tuple[str, ...]
+    frac_bits: int
+    part_sha256: tuple[str, ...]  # sealed part per party, in party order
+    created_at: str
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> Manifest:
+        try:
+            d = json.loads(blob)
+            return cls(
+                dataset_id=str(d["dataset_id"]),
+                upload_id=str(d["upload_id"]),
+                owner_id=str(d["owner_id"]),
+                scheme=str(d["scheme"]),
+                rows=int(d["rows"]),
+                columns=tuple(str(c) for c in d["columns"]),
+                column_exponents=tuple(int(e) for e in d["column_exponents"]),
+                label_column=str(d["label_column"]),
+                classes=tuple(str(c) for c in d["classes"]),
+                frac_bits=int(d["frac_bits"]),
+                part_sha256=tuple(str(h) for h in d["part_sha256"]),
+                created_at=str(d["created_at"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            raise UploadRejected("upload manifest is malformed") from None
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.to_bytes()).hexdigest()
+
+
+def pack_bundles(bundles: Sequence[ShareBundle]) -> bytes:
+    """Length-prefixed concatenation of one party's bundles (before sealing)."""
+    out = bytearray()
+    for b in bundles:
+        blob = b.to_bytes()
+        out += _LEN.pack(len(blob)) + blob
+    return bytes(out)
+
+
+def unpack_bundles(blob: bytes) -> list[ShareBundle]:
+    out, pos = [], 0
+    while pos < len(blob):
+        if pos + _LEN.size > len(blob):
+            raise ShareFormatError("sealed part is truncated")
+        (n,) = _LEN.unpack_from(blob, pos)
+        pos += _LEN.size
+        if pos + n > len(blob):
+            raise ShareFormatError("sealed part is truncated")
+        out.append(ShareBundle.from_bytes(blob[pos : pos + n]))
+        pos += n
+    return out
+
+
+def seal(plaintext: bytes, recipient: bytes) -> bytes:
+    return SealedBox(PublicKey(recipient)).encrypt(plaintext)
+
+
+def open_sealed(sealed: bytes, key: PrivateKey) -> bytes:
+    try:
+        return SealedBox(key).decrypt(sealed)
+    except CryptoError:
+        raise UploadRejected("the sealed part cannot be opened with this party's key") from None
+
+
+def sign_manifest(manifest: Manifest, key: SigningKey) -> bytes:
+    return key.sign(manifest.to_bytes()).signature
+
+
+def verify_manifest(blob: bytes, signature: bytes, owner_key: bytes) -> Manifest:
+    try:
+        VerifyKey(owner_key).verify(blob, signature)
+    except (BadSignatureError, ValueError):
+        raise UploadRejected("the upload manifest is not signed by its data owner") from None
+    return Manifest.from_bytes(blob)
