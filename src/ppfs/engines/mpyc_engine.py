@@ -1,0 +1,391 @@
+"""The pure-Python engine: Step 2A on MPyC, one worker process per party.
+
+:class:`MpycEngine` prepares one working directory per party under
+``workdir/mpyc/P<i>/`` (job file, TLS key and certificates, status and result
+files), starts the parties as ``python -m ppfs.engines.mpyc_party`` and watches
+them. Each party's TLS key is generated in its own directory; the per-run CA
+signs the certificates and is then discarded.
+
+Failure handling: when a party exits non-zero the engine kills the others and
+raises :class:`~ppfs.errors.EngineError` naming that party; when the run exceeds
+its time limit all are killed. Worker output is kept in capped files next to the
+job and never copied into an error message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+
+import ppfs
+from ppfs.engines.base import PARTY_NAMES, EngineRun, PartyStats, Progress, Step2AInputs
+from ppfs.engines.mpyc_party import (
+    DEFAULT_CHUNK,
+    EXIT_BAD_JOB,
+    EXIT_PEER_LOST,
+    EXIT_TIMEOUT,
+    JOB_VERSION,
+)
+from ppfs.errors import EngineError, EngineUnavailableError, ParameterError
+from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
+from ppfs.step2a import Security, Step2AShape
+
+log = logging.getLogger("ppfs.engines.mpyc")
+
+SUPPORTED = (Security.PASSIVE_3PC, Security.PASSIVE_4PC)
+REQUIRED_VERSION = "0.11"
+LOG_CAP = 256 * 1024  # bytes of each worker stream kept on disk
+POLL = 0.2
+BLAME_GRACE = 2.0  # seconds to wait for the root cause after a "peer lost" exit
+KILL_GRACE = 5.0
+_CERT_VALIDITY = dt.timedelta(days=2)
+
+
+def default_timeout(shape: Step2AShape, parties: int) -> float:
+    """A generous limit from measured costs (2 cores, 3 parties: ~0.5 ms per
+    40-bit comparison element), times 10, plus fixed start-up time."""
+    split = shape.m * shape.p * shape.split_bits / 40
+    ranking = shape.p * (shape.p - 1) / 2 * shape.rank_bits / 40
+    division = shape.p * 62 * 2 + 62 * 200  # per-step latency dominates for small p
+    per_elem = 0.5e-3 * (parties / 3)
+    return 300.0 + 10 * per_elem * (split + ranking + division)
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Distinct ports the OS reports free now (bound and released at once)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def issue_party_certificate(ca: CertificateAuthority, csr: x509.CertificateSigningRequest
+                            ) -> x509.Certificate:
+    """An MPyC party certificate: subject CN ``MPyC party i`` and no SAN.
+
+    MPyC checks the peer's certificate against the host name ``MPyC party i``; with
+    a SAN present, TLS host name matching ignores the CN, and a DNS name cannot
+    contain spaces, so the certificate must carry the name in its CN only.
+    """
+    if not csr.is_signature_valid:
+        raise EngineError("a party's certificate request has an invalid signature")
+    now = dt.datetime.now(dt.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(csr.subject)
+        .issuer_name(ca.cert.subject)
+        .public_key(csr.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + _CERT_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca.key, hashes.SHA256())
+    )
+
+
+@dataclass
+class _Worker:
+    index: int
+    directory: Path
+    proc: asyncio.subprocess.Process
+    started: float
+    drains: list[asyncio.Task[None]] = field(default_factory=list)
+    ended: float | None = None
+
+    @property
+    def name(self) -> str:
+        return PARTY_NAMES[self.index]
+
+
+async def _drain(stream: asyncio.StreamReader | None, path: Path, cap: int) -> None:
+    """Copy a worker stream into ``path``, keeping at most ``cap`` bytes."""
+    if stream is None:
+        return
+    kept = 0
+    with open(path, "wb") as fh:
+        while True:
+            chunk = await stream.read(65536)
+            if not chunk:
+                break
+            if kept < cap:
+                part = chunk[: cap - kept]
+                fh.write(part)
+                kept += len(part)
+                if kept >= cap:
+                    fh.write(b"\n[output truncated]\n")
+                fh.flush()
+
+
+class MpycEngine:
+    """Step 2A on MPyC (passive security, 3 or 4 parties, honest majority)."""
+
+    name = "mpyc"
+
+    def __init__(
+        self,
+        *,
+        timeout: float | None = None,
+        start_timeout: float = 60.0,
+        chunk: int = DEFAULT_CHUNK,
+        bind_host: str = "127.0.0.1",
+        log_cap: int = LOG_CAP,
+    ) -> None:
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.chunk = chunk
+        self.bind_host = bind_host
+        self.log_cap = log_cap
+
+    # -- Engine protocol ------------------------------------------------------
+
+    def unavailable_reason(self) -> str | None:
+        # Importing mpyc here would parse this process's argv and reconfigure its
+        # root logger; finding the installed distribution is enough.
+        for module in ("mpyc", "numpy"):
+            if importlib.util.find_spec(module) is None:
+                return f"the Python package {module} is not installed"
+        try:
+            version = importlib.metadata.version("mpyc")
+        except importlib.metadata.PackageNotFoundError:
+            return "the Python package mpyc is not installed"
+        if version != REQUIRED_VERSION:
+            return f"mpyc {REQUIRED_VERSION} is required, found {version}"
+        return None
+
+    def supports(self, security: Security) -> bool:
+        return security in SUPPORTED
+
+    async def run_step2a(
+        self, inputs: Step2AInputs, workdir: Path, progress: Progress | None = None
+    ) -> EngineRun:
+        security, shape = inputs.security, inputs.shape
+        if not self.supports(security):
+            raise EngineUnavailableError(f"engine mpyc does not support {security.value}")
+        n = security.parties
+        if len(inputs.party_dirs) != n:
+            raise ParameterError(f"{security.value} needs {n} party input directories")
+        timeout = self.timeout if self.timeout is not None else default_timeout(shape, n)
+
+        root = Path(workdir) / "mpyc"
+        dirs = [root / f"P{i}" for i in range(n)]
+        output_path = dirs[0] / "opened.u64"
+        self._prepare(inputs, dirs, output_path, timeout)
+        if progress:
+            progress(f"mpyc: starting {n} parties ({security.value})")
+        t0 = time.monotonic()
+        workers: list[_Worker] = []
+        try:
+            for i, d in enumerate(dirs):
+                workers.append(await self._launch(i, d))
+            await self._watch(workers, t0 + timeout, progress)
+            seconds = time.monotonic() - t0
+            opened = self._read_output(output_path, shape)
+            stats = [self._party_stats(w) for w in workers]
+        finally:
+            await self._stop(workers)
+        if progress:
+            progress(f"mpyc: done in {seconds:.1f} s")
+        return EngineRun(
+            engine=self.name,
+            opened=opened,
+            seconds=seconds,
+            bytes_sent=sum(s.bytes_sent for s in stats),
+            parties=stats,
+        )
+
+    # -- preparation -----------------------------------------------------------
+
+    def _prepare(self, inputs: Step2AInputs, dirs: list[Path], output_path: Path,
+                 timeout: float) -> None:
+        shape, security = inputs.shape, inputs.security
+        ports = free_ports(len(dirs), self.bind_host)
+        addresses = [[self.bind_host, port] for port in ports]
+        ca = CertificateAuthority.create("ppfs MPyC run CA")
+        for i, d in enumerate(dirs):
+            cfg = d / ".config"
+            cfg.mkdir(parents=True, exist_ok=True)
+            for stale in ("status.txt", "result.json", "opened.u64", "worker.pid"):
+                (d / stale).unlink(missing_ok=True)
+            csr = party_key_and_csr(cfg / f"party_{i}.key", f"MPyC party {i}")
+            write_cert(cfg / f"party_{i}.crt", issue_party_certificate(ca, csr))
+            (cfg / "mpyc_ca.crt").write_bytes(ca.cert_pem())
+            job: dict[str, Any] = {
+                "version": JOB_VERSION,
+                "party": i,
+                "security": security.value,
+                "shape": {
+                    "m": shape.m, "p": shape.p, "n_classes": shape.n_classes,
+                    "k": shape.k, "value_bits": shape.value_bits,
+                },
+                "addresses": addresses,
+                "bind_host": self.bind_host,
+                "input_dir": str(Path(inputs.party_dirs[i]).resolve()),
+                "status_path": str((d / "status.txt").resolve()),
+                "result_path": str((d / "result.json").resolve()),
+                "output_path": str(output_path.resolve()) if i == 0 else None,
+                "start_timeout": self.start_timeout,
+                "timeout": timeout + 30.0,  # the engine's limit acts first
+                "chunk": self.chunk,
+                "ssl": True,
+            }
+            (d / "job.json").write_text(json.dumps(job, indent=1))
+
+    async def _launch(self, i: int, d: Path) -> _Worker:
+        env = dict(os.environ)
+        src = str(Path(ppfs.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [src, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ppfs.engines.mpyc_party",
+            "--job", str((d / "job.json").resolve()), "--party", str(i),
+            cwd=str(d),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        (d / "worker.pid").write_text(str(proc.pid))
+        w = _Worker(i, d, proc, time.monotonic())
+        w.drains = [
+            asyncio.create_task(_drain(proc.stdout, d / "worker.out", self.log_cap)),
+            asyncio.create_task(_drain(proc.stderr, d / "worker.err", self.log_cap)),
+        ]
+        log.info("[MpycEngine.launch] party=%s pid=%d", w.name, proc.pid)
+        return w
+
+    # -- monitoring ------------------------------------------------------------
+
+    async def _watch(self, workers: list[_Worker], deadline: float,
+                     progress: Progress | None) -> None:
+        waits = {asyncio.ensure_future(w.proc.wait()): w for w in workers}
+        relayed = 0
+        pending = set(waits)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, timeout=POLL,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                now = time.monotonic()
+                for fut in done:
+                    waits[fut].ended = now
+                relayed = self._relay(workers[0].directory / "status.txt", relayed, progress)
+                failed = [waits[f] for f in done if waits[f].proc.returncode != 0]
+                if failed:
+                    culprit = await self._culprit(workers, failed)
+                    raise EngineError(
+                        f"MPyC party {culprit.name} failed: {self._reason(culprit)}",
+                        party=culprit.name,
+                    )
+                if pending and now > deadline:
+                    raise EngineError("the MPyC run timed out; all parties were stopped")
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+    async def _culprit(self, workers: list[_Worker], failed: list[_Worker]) -> _Worker:
+        """The party that failed first for a reason of its own.
+
+        A party that only lost a peer (exit code 3) is a symptom: wait briefly for the
+        party that caused it to exit, and blame that one.
+        """
+        first = min(failed, key=lambda w: (w.ended or 0.0, w.index))
+        if first.proc.returncode != EXIT_PEER_LOST:
+            return first
+        limit = time.monotonic() + BLAME_GRACE
+        while time.monotonic() < limit:
+            causes = [w for w in workers if w.proc.returncode not in (None, 0, EXIT_PEER_LOST)]
+            if causes:
+                return min(causes, key=lambda w: w.index)
+            await asyncio.sleep(0.05)
+        return first
+
+    @staticmethod
+    def _reason(w: _Worker) -> str:
+        code = w.proc.returncode
+        if code is not None and code < 0:
+            try:
+                sig = signal.Signals(-code).name
+            except ValueError:
+                sig = str(-code)
+            return f"its process was killed by {sig}"
+        reason = None
+        with contextlib.suppress(OSError, ValueError):
+            result = json.loads((w.directory / "result.json").read_text())
+            reason = str(result.get("reason", ""))[:200] or None
+        if code == EXIT_PEER_LOST:
+            return reason or "it lost its connection to another party"
+        if code == EXIT_TIMEOUT:
+            return reason or "it timed out"
+        if code == EXIT_BAD_JOB:
+            return reason or "its job or inputs are unusable"
+        return reason or f"it exited with code {code}"
+
+    @staticmethod
+    def _relay(status: Path, seen: int, progress: Progress | None) -> int:
+        if progress is None:
+            return seen
+        try:
+            lines = status.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return seen
+        for line in lines[seen:]:
+            progress(f"mpyc: {line[:80]}")
+        return max(seen, len(lines))
+
+    async def _stop(self, workers: list[_Worker]) -> None:
+        """Kill whatever still runs (only our own children, by process object)."""
+        for w in workers:
+            if w.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+        for w in workers:
+            with contextlib.suppress(asyncio.TimeoutError, ProcessLookupError):
+                await asyncio.wait_for(w.proc.wait(), KILL_GRACE)
+            for t in w.drains:
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(t, KILL_GRACE)
+
+    # -- results -----------------------------------------------------------------
+
+    @staticmethod
+    def _read_output(path: Path, shape: Step2AShape) -> np.ndarray:
+        try:
+            blob = path.read_bytes()
+        except OSError:
+            raise EngineError("MPyC party Alice produced no output", party="Alice") from None
+        if len(blob) != 8 * shape.outputs:
+            raise EngineError("the MPyC output has the wrong length", party="Alice")
+        return np.frombuffer(blob, dtype="<u8").astype(np.uint64)
+
+    @staticmethod
+    def _party_stats(w: _Worker) -> PartyStats:
+        bytes_sent = 0
+        seconds = (w.ended or time.monotonic()) - w.started
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            result = json.loads((w.directory / "result.json").read_text())
+            bytes_sent = int(result.get("bytes_sent", 0))
+            seconds = float(result.get("seconds", seconds))
+        return PartyStats(w.name, w.proc.returncode, seconds, bytes_sent)

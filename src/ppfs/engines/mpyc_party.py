@@ -1,0 +1,685 @@
+"""One MPyC party of Step 2A, run as its own process.
+
+    python -m ppfs.engines.mpyc_party --job JOB.json --party I
+
+The job file (JSON, written by :class:`ppfs.engines.mpyc_engine.MpycEngine`) holds
+public parameters only: the shape, the security setting, every party's address, and
+this party's input directory, TLS directory, status, result and output paths. The
+party reads its own :class:`~ppfs.sharing.ShareBundle` files and nothing else.
+
+What the party does, in order:
+
+1. Converts the replicated additive 64-bit shares into MPyC secure integers
+   exactly (:func:`conversion_roles`, :func:`additive_summands`,
+   :func:`additive64_to_secint`): two parties whose components cover every
+   component disjointly input the sums of their components plus the top two bits
+   of each sum; a degree-5 polynomial in those bits gives the wrap-around
+   ``q in {0, 1}`` of the sum, so no comparison is needed.
+2. Runs the algorithm of :mod:`ppfs.step2a` exactly (:func:`select_top_k`).
+3. Opens only ``value + mask`` with ``mask = w0 + 2^60 * w1`` (the recipient's
+   shared mask words), to party 0 alone, which writes the opened words mod 2^64 as
+   raw little-endian uint64 to the output path.
+
+Nothing travels between the parties through pickle: MPyC's marshalling is replaced
+by :class:`RawWire` (fixed-width raw buffers). Share values and opened words are
+never logged; errors name their type and a fixed reason only.
+
+Exit codes: 0 done, 1 internal error, 2 bad job or inputs, 3 a peer was lost,
+4 timed out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import resource
+import struct
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ppfs.errors import PpfsError, ShareFormatError
+from ppfs.sharing import Scheme, ShareBundle
+from ppfs.step2a import MASK_WORD_BITS, RING_BITS, Security, Step2AShape, bitlen
+
+log = logging.getLogger("ppfs.mpyc_party")
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_BAD_JOB = 2
+EXIT_PEER_LOST = 3
+EXIT_TIMEOUT = 4
+
+JOB_VERSION = 1
+# Bit length of the secure integer type. MPyC picks a prime of l + k + 2 = 128 bits
+# (k = 30, the statistical security parameter). That covers every need at once:
+# the share conversion needs p > 2^66; comparisons of bit length L need p > 2^(L+k+1),
+# the longest being 63 bits (ranking); the opened value + mask, below 2^121 + 2^62,
+# must not wrap (it is read signed, so p > 2^123).
+SECINT_BITS = 96
+# Elements per comparison batch: each batch is awaited before the next is scheduled,
+# so memory stays bounded (MPyC builds the whole lazy graph otherwise).
+DEFAULT_CHUNK = 50_000
+WATCHDOG_PERIOD = 0.2
+_TWO63 = 1 << 63
+_MASK64 = (1 << 64) - 1
+
+
+class PeerLostError(ConnectionError):
+    """A peer's connection closed mid-run (it crashed or was killed)."""
+
+
+class JobError(PpfsError):
+    """The job file or the party's inputs are unusable."""
+
+
+# --------------------------------------------------------------------------- job
+
+
+@dataclass(frozen=True)
+class PartyJob:
+    party: int
+    security: Security
+    shape: Step2AShape
+    addresses: tuple[tuple[str, int], ...]
+    input_dir: Path
+    status_path: Path
+    result_path: Path
+    output_path: Path | None  # party 0 only
+    bind_host: str | None
+    start_timeout: float
+    timeout: float
+    chunk: int
+    ssl: bool
+
+    @classmethod
+    def load(cls, path: Path, party: int) -> PartyJob:
+        try:
+            raw = json.loads(path.read_text())
+            if raw.get("version") != JOB_VERSION:
+                raise JobError("unsupported job file version")
+            security = Security(raw["security"])
+            sh = raw["shape"]
+            shape = Step2AShape(
+                int(sh["m"]), int(sh["p"]), int(sh["n_classes"]), int(sh["k"]),
+                int(sh["value_bits"]),
+            )
+            addresses = tuple((str(h), int(p)) for h, p in raw["addresses"])
+            out = raw.get("output_path")
+            job = cls(
+                party=party,
+                security=security,
+                shape=shape,
+                addresses=addresses,
+                input_dir=Path(raw["input_dir"]),
+                status_path=Path(raw["status_path"]),
+                result_path=Path(raw["result_path"]),
+                output_path=Path(out) if out else None,
+                bind_host=raw.get("bind_host") or None,
+                start_timeout=float(raw.get("start_timeout", 60.0)),
+                timeout=float(raw.get("timeout", 3600.0)),
+                chunk=int(raw.get("chunk", DEFAULT_CHUNK)),
+                ssl=bool(raw.get("ssl", True)),
+            )
+        except JobError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise JobError(f"job file is unusable ({type(exc).__name__})") from None
+        if security.active:
+            raise JobError(f"MPyC runs passive security only, not {security.value}")
+        if int(raw.get("party", party)) != party:
+            raise JobError("job file belongs to another party")
+        if len(addresses) != security.parties or not 0 <= party < security.parties:
+            raise JobError("party index or address list does not match the security setting")
+        if party == 0 and job.output_path is None:
+            raise JobError("party 0 needs an output path")
+        if job.chunk < 1:
+            raise JobError("chunk must be positive")
+        return job
+
+
+class StatusFile:
+    """Appends fixed phase names (never data) to the party's status file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.t0 = time.monotonic()
+        self.times: dict[str, float] = {}
+
+    def phase(self, name: str) -> None:
+        elapsed = time.monotonic() - self.t0
+        self.times[name] = round(elapsed, 3)
+        log.info("[MpycParty.phase] %s t=%.2fs", name, elapsed)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(name + "\n")
+
+
+# ------------------------------------------------------------ share conversion
+
+
+@dataclass(frozen=True)
+class ConversionRoles:
+    """Two parties whose held components cover all components disjointly."""
+
+    a_party: int
+    a_components: tuple[int, ...]
+    b_party: int
+    b_components: tuple[int, ...]
+
+
+def conversion_roles(scheme: Scheme) -> ConversionRoles:
+    """Party 0 inputs the sum of all its components, party 1 the sum of the rest.
+
+    Rep3: A=0 sums {c0, c2}, B=1 uses {c1}; Rep4: A=0 sums {c1, c2, c3}, B=1 uses {c0}.
+    """
+    a_comps = scheme.components_of(0)
+    b_comps = tuple(j for j in range(scheme.parties) if j not in a_comps)
+    if not b_comps or not set(b_comps) <= set(scheme.components_of(1)):
+        raise ValueError(f"no disjoint cover of the components for {scheme.value}")
+    return ConversionRoles(0, a_comps, 1, b_comps)
+
+
+def additive_summands(
+    components: Mapping[int, np.ndarray], roles: ConversionRoles, party: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """This party's input to the conversion: (summand mod 2^64, its top two bits).
+
+    Party A's summand carries the offset 2^63, so that for |x| < 2^62 the true sum
+    x + 2^63 lies in (2^62, 3*2^62) and wraps at most once. Other parties: None.
+    """
+    if party == roles.a_party:
+        comps, offset = roles.a_components, np.uint64(_TWO63)
+    elif party == roles.b_party:
+        comps, offset = roles.b_components, np.uint64(0)
+    else:
+        return None
+    total = np.zeros_like(np.asarray(components[comps[0]], dtype=np.uint64)) + offset
+    for j in comps:
+        total += np.asarray(components[j], dtype=np.uint64)  # wraps mod 2^64
+    return total, total >> np.uint64(62)
+
+
+def wrap_from_top_bits(w: Any) -> Any:
+    """120 * q from w = (top bits of u) + (top bits of v) - 3, exactly.
+
+    w is in {-3, -2, -1} when the sum did not wrap (q = 0) and in {1, 2, 3} when it
+    did (q = 1); the polynomial w * (w^4 - 15 w^2 + 74) + 60 is 0 on the former and
+    120 on the latter. Works on ints, numpy object arrays and MPyC secure arrays.
+    """
+    w2 = w * w
+    return w * (w2 * w2 - 15 * w2 + 74) + 60
+
+
+def reconstruct_plain(u: np.ndarray, uh: np.ndarray, v: np.ndarray, vh: np.ndarray) -> np.ndarray:
+    """The conversion in the clear (for tests): returns exact Python ints."""
+    s = u.astype(object) + v.astype(object)
+    q120 = wrap_from_top_bits(uh.astype(object) + vh.astype(object) - 3)
+    if np.any((q120 != 0) & (q120 != 120)):
+        raise ValueError("a value is out of the convertible range |x| < 2^62")
+    return s - (q120 // 120) * (1 << RING_BITS) - _TWO63
+
+
+def additive64_to_secint(
+    rt: Any, secint: Any, mine: tuple[np.ndarray, np.ndarray] | None,
+    shape: tuple[int, ...], roles: ConversionRoles,
+) -> Any:
+    """Secure integers equal to the 64-bit additively shared values (|x| < 2^62)."""
+    placeholder = secint.array(None, shape)
+    u = uh = v = vh = placeholder
+    if rt.pid in (roles.a_party, roles.b_party):
+        if mine is None:
+            raise JobError("conversion party without summands")
+        summand = secint.array(mine[0].astype(object))
+        top = secint.array(mine[1].astype(object))
+        if rt.pid == roles.a_party:
+            u, uh = summand, top
+        else:
+            v, vh = summand, top
+    s = rt.input(u, senders=roles.a_party) + rt.input(v, senders=roles.b_party)
+    w = rt.input(uh, senders=roles.a_party) + rt.input(vh, senders=roles.b_party) - 3
+    q120 = wrap_from_top_bits(w)
+    return s - q120 * (secint.field(1 << RING_BITS) / 120) - _TWO63
+
+
+# ----------------------------------------------------------------- wire format
+
+
+class RawWire:
+    """Stands in for the ``pickle`` module inside ``mpyc.runtime``.
+
+    MPyC marshals numpy share arrays with pickle; a peer could then make a party
+    execute code. This replacement writes fixed-width raw buffers instead: a tag,
+    the shape and the values as little-endian 64-bit words, never anything that
+    names code. It handles exactly what MPyC sends: non-negative integer arrays
+    (field elements) and plain integers (the shutdown barrier).
+    """
+
+    _INT = b"i"
+    _ARR = b"a"
+    _HDR = struct.Struct("<BB")  # words per value, ndim
+
+    @classmethod
+    def dumps(cls, obj: Any) -> bytes:
+        if isinstance(obj, (int, np.integer)) and not isinstance(obj, bool):
+            return cls._INT + int(obj).to_bytes(16, "little", signed=True)
+        if isinstance(obj, np.ndarray):
+            flat = obj.reshape(-1)
+            if flat.size and int(flat.min()) < 0:
+                raise ValueError("RawWire sends non-negative field elements only")
+            top = int(flat.max()) if flat.size else 0
+            words = max(1, (top.bit_length() + 63) // 64)
+            parts = [
+                cls._ARR,
+                cls._HDR.pack(words, obj.ndim),
+                struct.pack(f"<{obj.ndim}Q", *obj.shape),
+            ]
+            parts.extend(
+                ((flat >> (64 * j)) & _MASK64).astype("<u8").tobytes() for j in range(words)
+            )
+            return b"".join(parts)
+        raise TypeError(f"RawWire cannot send {type(obj).__name__}")
+
+    @classmethod
+    def loads(cls, data: bytes | bytearray | memoryview) -> Any:
+        buf = bytes(data)
+        if buf[:1] == cls._INT and len(buf) == 17:
+            return int.from_bytes(buf[1:], "little", signed=True)
+        if buf[:1] != cls._ARR or len(buf) < 1 + cls._HDR.size:
+            raise ValueError("malformed message from a peer")
+        words, ndim = cls._HDR.unpack_from(buf, 1)
+        off = 1 + cls._HDR.size
+        if words < 1 or len(buf) < off + 8 * ndim:
+            raise ValueError("malformed message from a peer")
+        shape = struct.unpack_from(f"<{ndim}Q", buf, off)
+        off += 8 * ndim
+        n = int(np.prod(shape, dtype=np.int64)) if ndim else 1
+        if len(buf) != off + 8 * n * words:
+            raise ValueError("malformed message from a peer")
+        out = np.zeros(n, dtype=object)
+        for j in range(words):
+            w = np.frombuffer(buf, dtype="<u8", count=n, offset=off + 8 * n * j).astype(object)
+            out += w << (64 * j)
+        return out.reshape(shape)
+
+
+# ------------------------------------------------------------------- runtime
+
+
+def import_mpyc_runtime() -> Any:
+    """Import MPyC with this process's own argv hidden from its import-time parser."""
+    os.environ.setdefault("MPYC_NOUVLOOP", "1")  # plain asyncio loop: see bind_loopback
+    saved = sys.argv
+    sys.argv = saved[:1]
+    try:
+        import mpyc.runtime
+    finally:
+        sys.argv = saved
+    mpyc.runtime.pickle = RawWire
+    return mpyc.runtime
+
+
+def make_runtime(mpyc_runtime: Any, job: PartyJob) -> Any:
+    """A fresh Runtime for this party; MPyC's module globals are rebound to it."""
+    argv = [sys.argv[0]]
+    for host, port in job.addresses:
+        argv += ["-P", f"{host}:{port}"]
+    argv += ["-I", str(job.party), "--no-log"]
+    if job.ssl:
+        argv.append("--ssl")
+    saved = sys.argv
+    sys.argv = argv
+    try:
+        rt = mpyc_runtime.setup()
+    finally:
+        sys.argv = saved
+    if job.bind_host:
+        bind_loopback(rt, job.bind_host)
+    return rt
+
+
+def bind_loopback(rt: Any, host: str) -> None:
+    """Make the party listen on ``host`` only (MPyC binds every interface)."""
+    loop = rt._loop
+    create_server = loop.create_server
+
+    @functools.wraps(create_server)
+    def bound(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("host", host)
+        return create_server(*args, **kwargs)
+
+    try:
+        loop.create_server = bound
+    except AttributeError:  # an event loop that refuses instance attributes
+        log.warning("[MpycParty.bind] cannot restrict the listening address")
+
+
+def peer_lost(rt: Any) -> bool:
+    for p in rt.parties:
+        if p.pid == rt.pid:
+            continue
+        proto = p.protocol
+        if proto is None or proto.transport is None or proto.transport.is_closing():
+            return True
+    return False
+
+
+async def guarded(
+    coro: Awaitable[Any], deadline: float, check_peers: Callable[[], bool] | None,
+    parent: int,
+) -> Any:
+    """Await ``coro`` but give up when a peer is lost, the deadline passes or the
+    engine (our parent process) is gone."""
+    task = asyncio.ensure_future(coro)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=WATCHDOG_PERIOD)
+            if done:
+                return task.result()
+            if check_peers is not None and check_peers():
+                raise PeerLostError("an MPC peer was lost")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the MPC run timed out")
+            if os.getppid() != parent:
+                raise PeerLostError("the engine process is gone")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def bytes_sent(rt: Any) -> int:
+    total = 0
+    for p in rt.parties:
+        if p.pid != rt.pid and p.protocol is not None:
+            total += int(getattr(p.protocol, "nbytes_sent", 0))
+    return total
+
+
+# ----------------------------------------------------------------- Step 2A
+
+
+@dataclass
+class PartyInputs:
+    data: tuple[np.ndarray, np.ndarray] | None
+    labels: tuple[np.ndarray, np.ndarray] | None
+    mask: tuple[np.ndarray, np.ndarray] | None
+
+
+def load_inputs(job: PartyJob, roles: ConversionRoles) -> PartyInputs:
+    shape = job.shape
+    scheme = job.security.scheme
+    expected = {
+        "data": (shape.m, shape.p),
+        "labels": (shape.m, shape.n_classes - 1),
+        "mask": (shape.outputs, 2),
+    }
+    out: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
+    dataset: str | None = None
+    for kind, dims in expected.items():
+        try:
+            bundle = ShareBundle.load(job.input_dir / f"{kind}.shr")
+        except OSError:
+            raise JobError(f"cannot read this party's {kind} share") from None
+        except ShareFormatError as exc:
+            raise JobError(f"{kind} share: {exc}") from None
+        if bundle.kind != kind or bundle.shape != dims:
+            raise JobError(f"{kind} share has the wrong kind or shape")
+        if bundle.scheme is not scheme or bundle.party != job.party:
+            raise JobError(f"{kind} share belongs to another scheme or party")
+        if dataset is None:
+            dataset = bundle.dataset_id
+        elif bundle.dataset_id != dataset:
+            raise JobError("the share files belong to different datasets")
+        out[kind] = additive_summands(bundle.components, roles, job.party)
+    return PartyInputs(out["data"], out["labels"], out["mask"])
+
+
+async def select_top_k(
+    rt: Any, secint: Any, job: PartyJob, inputs: PartyInputs, roles: ConversionRoles,
+    status: StatusFile,
+) -> np.ndarray | None:
+    """Step 2A on secret shares; returns the opened words (party 0) or None."""
+    sh = job.shape
+    m, p, n, k = sh.m, sh.p, sh.n_classes, sh.k
+
+    status.phase("converting shares")
+    x = additive64_to_secint(rt, secint, inputs.data, (m, p), roles)
+    lab = additive64_to_secint(rt, secint, inputs.labels, (m, n - 1), roles)
+    words = additive64_to_secint(rt, secint, inputs.mask, (sh.outputs, 2), roles)
+    x = secint.array(await rt.gather(x))
+
+    # 1. x > mean  <=>  S - m*x < 0, in batches.
+    status.phase("mean-split comparisons")
+    diff = (x.sum(axis=0) - m * x).reshape(-1)
+    parts = []
+    step = _batch(job.chunk, sh.split_bits)
+    for lo in range(0, m * p, step):
+        gt = rt.np_sgn(diff[lo : lo + step], l=sh.split_bits, LT=True)
+        parts.append(secint.array(await rt.gather(gt)))
+    del diff
+    gt_all = (parts[0] if len(parts) == 1 else rt.np_concatenate(parts)).reshape(m, p)
+
+    # 2. Class counts: n-1 classes by products, the n-th from a and b.
+    status.phase("class counts and scores")
+    b = gt_all.sum(axis=0)
+    a = m - b
+    above = lab.T @ gt_all  # (n-1, p)
+    below = lab.sum(axis=0).reshape(n - 1, 1) - above
+    above_n = b - above.sum(axis=0)
+    below_n = a - below.sum(axis=0)
+    bb = (above * above).sum(axis=0) + above_n * above_n
+    aa = (below * below).sum(axis=0) + below_n * below_n
+
+    # 3. Q = N/D with N = AA*b + BB*a, D = a*b; a constant column (b = 0) has
+    # N = D = 0 here and becomes N = AA, D = m.
+    const = rt.np_sgn(b, l=bitlen(m) + 1, EQ=True)
+    num = aa * b + bb * a + const * aa
+    den = a * b + const * m
+
+    # 4. q = floor(N * 2^F / D) by restoring long division, vectorised over features.
+    status.phase("long division")
+    frac = sh.score_frac_bits
+    rem = num
+    q = secint.array(np.zeros(p, dtype=object))
+    for t in reversed(range(sh.int_steps)):
+        shifted = den * (1 << t)
+        ge = 1 - rt.np_sgn(rem - shifted, l=sh.div_int_bits, LT=True)
+        rem = rem - ge * shifted
+        q = q + ge * (1 << (frac + t))
+    for t in reversed(range(frac)):
+        rem = rem * 2
+        ge = 1 - rt.np_sgn(rem - den, l=sh.div_frac_bits, LT=True)
+        rem = rem - ge * den
+        q = q + ge * (1 << t)
+    q = secint.array(await rt.gather(q))
+
+    # 5. Ranks from one comparison per pair i < j: lt = [q_i < q_j] means j beats i;
+    # otherwise (q_i >= q_j) i beats j, ties going to the lower index.
+    status.phase("ranking")
+    first, second = np.triu_indices(p, k=1)
+    pair_parts = []
+    step = _batch(job.chunk, sh.rank_bits)
+    for lo in range(0, len(first), step):
+        sl = slice(lo, lo + step)
+        lt = rt.np_sgn(q[first[sl]] - q[second[sl]], l=sh.rank_bits, LT=True)
+        pair_parts.append(secint.array(await rt.gather(lt)))
+    lt_all = pair_parts[0] if len(pair_parts) == 1 else rt.np_concatenate(pair_parts)
+    rank = _ranks_from_pairs(rt, secint, lt_all, first, second, p)
+
+    # 6. T[j, r] = [rank_j == r], selected indices and D' = D x T.
+    status.phase("selection")
+    offsets = rank.reshape(p, 1) - np.arange(k, dtype=object).reshape(1, k)
+    sel = rt.np_sgn(offsets, l=bitlen(p) + 1, EQ=True)  # (p, k)
+    idx = (sel * np.arange(p, dtype=object).reshape(p, 1)).sum(axis=0)
+    reduced = x @ sel  # (m, k)
+    values = rt.np_concatenate([idx, reduced.reshape(-1)])
+
+    # Open value + mask to party 0 only.
+    status.phase("opening masked outputs")
+    masks = words[:, 0] + words[:, 1] * (1 << MASK_WORD_BITS)
+    opened = await rt.output(values + masks, receivers=[0], raw=True)
+    if rt.pid != 0:
+        return None
+    modulus = int(secint.field.modulus)
+    half = modulus // 2
+    ints = [int(v) % modulus for v in opened.value.reshape(-1)]
+    return np.array(
+        [((v - modulus) if v > half else v) & _MASK64 for v in ints], dtype=np.uint64
+    )
+
+
+def _batch(chunk: int, bits: int) -> int:
+    """Elements per comparison batch: ``chunk`` at 40 bits, fewer for longer ones."""
+    return max(1000, chunk * 40 // max(bits, 40))
+
+
+def _ranks_from_pairs(
+    rt: Any, secint: Any, lt: Any, first: np.ndarray, second: np.ndarray, p: int
+) -> Any:
+    """rank_i = #{j > i: q_j > q_i} + #{j < i: q_j >= q_i} from lt over pairs i < j.
+
+    Pairs come in row-major order (first, second); both sums are segment sums of a
+    cumulative sum, once in that order and once ordered by the second index.
+    """
+    zero = secint.array(np.zeros(1, dtype=object))
+    starts = np.searchsorted(first, np.arange(p), side="left")
+    ends = np.searchsorted(first, np.arange(p), side="right")
+    cs = rt.np_concatenate([zero, rt.np_cumsum(lt)])
+    later = cs[ends] - cs[starts]  # j > i that beat i
+    order = np.lexsort((first, second))
+    sec_sorted = second[order]
+    starts2 = np.searchsorted(sec_sorted, np.arange(p), side="left")
+    ends2 = np.searchsorted(sec_sorted, np.arange(p), side="right")
+    cs2 = rt.np_concatenate([zero, rt.np_cumsum(lt[order])])
+    earlier_lt = cs2[ends2] - cs2[starts2]  # j < i with q_j < q_i: i beats those
+    return later + np.arange(p, dtype=object) - earlier_lt
+
+
+# --------------------------------------------------------------------- main
+
+
+def write_atomic(path: Path, payload: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(payload)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    write_atomic(path, json.dumps(result, sort_keys=True).encode())
+
+
+class _RedactingFormatter(logging.Formatter):
+    """Caps messages and drops exception messages: only types and code locations."""
+
+    MAX = 400
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = super().format(record)
+        return msg if len(msg) <= self.MAX else msg[: self.MAX] + " [truncated]"
+
+    def formatException(self, ei: Any) -> str:
+        etype, _, tb = ei
+        name = etype.__name__ if etype is not None else "Exception"
+        return "".join(traceback.format_tb(tb)) + name + " (message withheld)"
+
+
+def setup_logging() -> None:
+    """Before MPyC is imported, so its basicConfig leaves ours in place."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_RedactingFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    log.setLevel(logging.INFO)
+
+
+def run_party(job: PartyJob) -> int:
+    t_start = time.monotonic()
+    parent = os.getppid()
+    status = StatusFile(job.status_path)
+    status.phase("loading shares")
+    roles = conversion_roles(job.security.scheme)
+    inputs = load_inputs(job, roles)
+
+    mpyc_runtime = import_mpyc_runtime()
+    rt = make_runtime(mpyc_runtime, job)
+    secint = rt.SecInt(SECINT_BITS)
+    deadline = time.monotonic() + job.timeout
+    stats: dict[str, Any] = {"party": job.party}
+
+    async def session() -> None:
+        status.phase("connecting")
+        await guarded(rt.start(), min(deadline, time.monotonic() + job.start_timeout), None,
+                      parent)
+        t_mpc = time.monotonic()
+        opened = await guarded(
+            select_top_k(rt, secint, job, inputs, roles, status), deadline,
+            lambda: peer_lost(rt), parent,
+        )
+        stats["bytes_sent"] = bytes_sent(rt)
+        stats["mpc_seconds"] = time.monotonic() - t_mpc
+        if opened is not None and job.output_path is not None:
+            write_atomic(job.output_path, opened.astype("<u8").tobytes())
+        status.phase("shutting down")
+        await guarded(rt.shutdown(), min(deadline, time.monotonic() + 60.0), None, parent)
+
+    rt.run(session())
+    status.phase("done")
+    stats["seconds"] = time.monotonic() - t_start
+    stats["exit_code"] = EXIT_OK
+    stats["phases"] = status.times  # seconds since start at which each phase began
+    stats["max_rss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    write_result(job.result_path, stats)
+    return EXIT_OK
+
+
+def _fail(job: PartyJob | None, code: int, reason: str) -> int:
+    log.error("[MpycParty.fail] code=%d reason=%s", code, reason)
+    if job is not None:
+        with contextlib.suppress(OSError):
+            write_result(job.result_path, {"party": job.party, "exit_code": code,
+                                           "reason": reason[:200]})
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ppfs.engines.mpyc_party", allow_abbrev=False)
+    parser.add_argument("--job", type=Path, required=True)
+    parser.add_argument("--party", type=int, required=True)
+    args = parser.parse_args(argv)
+    setup_logging()
+    job: PartyJob | None = None
+    try:
+        job = PartyJob.load(args.job, args.party)
+        return run_party(job)
+    except JobError as exc:
+        return _fail(job, EXIT_BAD_JOB, str(exc))
+    except PeerLostError:
+        return _fail(job, EXIT_PEER_LOST, "an MPC peer was lost")
+    except TimeoutError:
+        return _fail(job, EXIT_TIMEOUT, "timed out")
+    except Exception as exc:
+        log.error("[MpycParty.fail] internal error", exc_info=True)
+        return _fail(job, EXIT_INTERNAL, f"internal error ({type(exc).__name__})")
+
+
+if __name__ == "__main__":
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Exit at once: after a lost peer MPyC may leave tasks and sockets behind.
+    os._exit(code)
