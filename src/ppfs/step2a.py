@@ -8,8 +8,13 @@ oracle of the tests.
 Algorithm, for an (m x p) matrix D of encoded values (|D| < 2^(V-1)), labels as
 the one-hot matrix L (m x (n-1)) and k:
 
-1. Mean split without division: x > theta  <=>  m*x - S > 0, with S the column
-   sum; one comparison of bit length V + bitlen(m) + 1 per entry, batched.
+1. Mean split: S_le = {x <= theta + 1 unit}, i.e. gt = [m*x - S > m] with S the
+   column sum. Values within one encoding unit of the mean count as equal to it:
+   mean-imputed cells (SPEED has thousands) *are* the mean, and without the band
+   their side would be decided by rounding. Computed as x > theta' with the public
+   divisor m: theta' = floor((S + m) / m) by secure long division over the p
+   columns (V + 1 steps), then one comparison of bit length V + 2 per entry,
+   batched (for integer x, x > r/m <=> x > floor(r/m)).
 2. Class counts by secure products (cost per output, not per instance):
    b = 1^T GT, B = L^T GT, a = m - b, A_c = colsum(L)_c - B_c, and the n-th class
    from a and b.
@@ -115,9 +120,24 @@ class Step2AShape:
             raise ParameterError(f"m={self.m} exceeds the supported 2^20 rows")
 
     @property
+    def threshold_offset(self) -> int:
+        """B = 2^(V-1): S + m + m*B > 0, so the threshold division has a positive numerator."""
+        return 1 << (self.value_bits - 1)
+
+    @property
+    def threshold_steps(self) -> int:
+        """Quotient bits of floor((S + m + m*B) / m) <= 2^V + 1."""
+        return self.value_bits + 1
+
+    @property
+    def threshold_bits(self) -> int:
+        """Bit length for comparing the remainder with m << t in the threshold division."""
+        return self.value_bits + bitlen(self.m) + 3
+
+    @property
     def split_bits(self) -> int:
-        """Bit length of m*x - S (signed)."""
-        return self.value_bits + bitlen(self.m) + 1
+        """Bit length of x - theta' (signed): |x| < 2^(V-1), theta' in (-2^(V-1), 2^(V-1)+1]."""
+        return self.value_bits + 2
 
     @property
     def score_frac_bits(self) -> int:
@@ -163,7 +183,7 @@ def mirror(raw: np.ndarray, y: np.ndarray, shape: Step2AShape) -> Step2AReferenc
     m, p = raw.shape
     d = raw.astype(object)
     col_sum = d.sum(axis=0)
-    gt = (m * d - col_sum[None, :]) > 0
+    gt = (m * d - col_sum[None, :]) > m
     q: list[int] = []
     F = shape.score_frac_bits
     for j in range(p):

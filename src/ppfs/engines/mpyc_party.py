@@ -458,9 +458,20 @@ async def select_top_k(
     words = additive64_to_secint(rt, secint, inputs.mask, (sh.outputs, 2), roles)
     x = secint.array(await rt.gather(x))
 
-    # 1. x > mean  <=>  S - m*x < 0, in batches.
+    # 1. gt = [m*x - S > m] = [x > theta'] with theta' = floor((S + m) / m), the
+    # division by the public m done by restoring long division over the p columns.
+    status.phase("mean-split thresholds")
+    offset = sh.threshold_offset
+    rem = x.sum(axis=0) + m + m * offset  # positive
+    quo = secint.array(np.zeros(p, dtype=object))
+    for t in reversed(range(sh.threshold_steps)):
+        ge = 1 - rt.np_sgn(rem - (m << t), l=sh.threshold_bits, LT=True)
+        rem = rem - ge * (m << t)
+        quo = quo + ge * (1 << t)
+    theta = secint.array(await rt.gather(quo - offset))
+
     status.phase("mean-split comparisons")
-    diff = (x.sum(axis=0) - m * x).reshape(-1)
+    diff = (theta.reshape(1, p) - x).reshape(-1)  # < 0 exactly where x > theta'
     parts = []
     step = _batch(job.chunk, sh.split_bits)
     for lo in range(0, m * p, step):

@@ -1,0 +1,652 @@
+"""Step 2A on MP-SPDZ: one party process per server on this machine.
+
+MP-SPDZ is used as an external tool found at ``home`` (``MPSPDZ_HOME``, else
+``/opt/mp-spdz``); nothing of it is copied into this project. Per run:
+
+1. The program ``mpspdz_programs/step2a.mpc`` is compiled once per (protocol, shape)
+   into a cache outside the MP-SPDZ home and outside the repository
+   (``$PPFS_MPSPDZ_CACHE``, else ``$XDG_CACHE_HOME/ppfs/mpspdz``, else
+   ``~/.cache/ppfs/mpspdz``), keyed by a hash of the program source, the compile
+   arguments, the protocol and the MP-SPDZ compiler sources. The SHA-256 of the
+   bytecode and schedule is the run's ``program_hash``; every party's working
+   directory is checked to hold exactly that program before anything starts.
+2. Each party gets its own working directory ``workdir/mpspdz/P<i>`` with
+   ``Player-Data/`` (its own TLS key, generated there; its certificate, issued by a
+   fresh per-run CA; the CA's and the peers' certificates, hashed for OpenSSL's
+   lookup), ``Programs`` linked to the compiled program, its binary input file and a
+   ``HOSTS`` file of free loopback ports.
+3. The input file of party i is its share components in program order
+   (:func:`write_party_input`); the program opens only (result + recipient's mask),
+   which party 0 writes to ``Player-Data/Binary-Output-P0-0``.
+
+Engine output is kept in capped files in each party's directory and never copied
+into an error message or a log: errors name the party, the exit code and a fixed
+reason. ``bytes_sent`` is the sum of the per-party "Data sent" figures MP-SPDZ
+reports with ``-v`` (MB with six significant digits, so approximate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+from cryptography import x509
+
+from ppfs.engines.base import (
+    INPUT_FILES,
+    PARTY_NAMES,
+    EngineRun,
+    PartyStats,
+    Progress,
+    Step2AInputs,
+)
+from ppfs.errors import EngineError, IntegrityError, ParameterError, ShareFormatError
+from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
+from ppfs.sharing import ShareBundle
+from ppfs.step2a import Security, Step2AShape, party_input_order
+
+PROGRAM = "step2a"
+# -M: keep memory accesses in program order. The compiler tracks dependencies of
+# long-vector and indirect (gather) memory accesses only partially and otherwise
+# may reorder them within a basic block, which silently corrupts results.
+COMPILE_FLAGS = ("-M",)
+INTEGRITY_MARKER = b"PPFS-INTEGRITY-FAILURE"
+OUTPUT_FILE = "Binary-Output-P0-0"
+LOG_CAP = 256 * 1024  # bytes of each party's stdout/stderr kept on disk
+DEFAULT_TIMEOUT = 4 * 3600.0
+GRACE_SECONDS = 3.0  # how long the others may take to stop on their own after a failure
+
+
+@dataclass(frozen=True)
+class Protocol:
+    binary: str
+    compile_flag: str  # compile.py -E <flag>
+
+
+PROTOCOLS: dict[Security, Protocol] = {
+    Security.PASSIVE_3PC: Protocol("replicated-ring-party.x", "ring"),
+    Security.ACTIVE_3PC: Protocol("sy-rep-ring-party.x", "sy-rep-ring"),
+    Security.ACTIVE_4PC: Protocol("rep4-ring-party.x", "rep4-ring"),
+}
+
+_SENT_RE = re.compile(rb"^Data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
+_GLOBAL_RE = re.compile(rb"^Global data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("PPFS_MPSPDZ_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "ppfs" / "mpspdz"
+
+
+def program_source() -> bytes:
+    ref = resources.files("ppfs.engines").joinpath("mpspdz_programs").joinpath(f"{PROGRAM}.mpc")
+    return ref.read_bytes()
+
+
+def compile_args(shape: Step2AShape, security: Security) -> list[str]:
+    """Compile-time arguments: the security setting, the shape and its bit lengths."""
+    if security not in PROTOCOLS:
+        raise ParameterError(f"MP-SPDZ does not run {security.value}")
+    return [
+        security.value,
+        *shape.program_args(),
+        str(shape.split_bits),
+        str(shape.score_frac_bits),
+        str(shape.int_steps),
+        str(shape.div_int_bits),
+        str(shape.div_frac_bits),
+        str(shape.rank_bits),
+        str(shape.threshold_steps),
+        str(shape.threshold_bits),
+    ]
+
+
+def program_name(shape: Step2AShape, security: Security) -> str:
+    return "-".join([PROGRAM, *compile_args(shape, security)])
+
+
+def matrix_shapes(shape: Step2AShape) -> dict[str, tuple[int, int]]:
+    return {
+        "data": (shape.m, shape.p),
+        "labels": (shape.m, shape.n_classes - 1),
+        "mask": (shape.outputs, 2),
+    }
+
+
+def write_party_input(
+    security: Security, shape: Step2AShape, party: int, party_dir: Path, out: Path
+) -> None:
+    """Write party ``party``'s MP-SPDZ input file from its share bundles.
+
+    The file holds, for data, labels and mask in turn, the components the party
+    inputs (:func:`ppfs.step2a.party_input_order`), each row-major as little-endian
+    64-bit words: exactly the order in which ``step2a.mpc`` reads them.
+    """
+    order = party_input_order(security, party)
+    expected = matrix_shapes(shape)
+    dataset_id: str | None = None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as fh:
+        for kind, fname in zip(("data", "labels", "mask"), INPUT_FILES, strict=True):
+            bundle = ShareBundle.load(party_dir / fname)
+            if bundle.kind != kind or bundle.party != party or bundle.scheme != security.scheme:
+                raise ShareFormatError(
+                    f"{PARTY_NAMES[party]}'s {fname} is not its {kind} share for {security.value}"
+                )
+            if bundle.shape != expected[kind]:
+                raise ShareFormatError(
+                    f"{PARTY_NAMES[party]}'s {fname} has shape {bundle.shape}, "
+                    f"expected {expected[kind]}"
+                )
+            if kind == "data":
+                dataset_id = bundle.dataset_id
+            elif kind == "labels" and bundle.dataset_id != dataset_id:
+                raise ShareFormatError(
+                    f"{PARTY_NAMES[party]}'s {fname} belongs to another data set"
+                )
+            for j in order:
+                fh.write(np.ascontiguousarray(bundle.components[j], dtype="<u8").tobytes())
+
+
+def subject_hash(cert: x509.Certificate) -> str:
+    """OpenSSL's X509_NAME_hash of the subject (what ``openssl rehash`` links by).
+
+    SHA-1 over the canonical encoding of the name: each RDN as a DER SET of
+    (OID, UTF8String) with the value lower-cased and its whitespace collapsed.
+    """
+    canon = b""
+    for rdn in cert.subject.rdns:
+        items = b""
+        for attr in rdn:
+            text = attr.value if isinstance(attr.value, str) else attr.value.decode()
+            value = " ".join(text.split()).lower().encode()
+            oid = _der_oid(attr.oid.dotted_string)
+            items += _der(0x30, oid + _der(0x0C, value))
+        canon += _der(0x31, items)
+    digest = hashlib.sha1(canon, usedforsecurity=False).digest()
+    return f"{int.from_bytes(digest[:4], 'little'):08x}"
+
+
+def _der(tag: int, body: bytes) -> bytes:
+    n = len(body)
+    if n < 0x80:
+        return bytes([tag, n]) + body
+    size = n.to_bytes((n.bit_length() + 7) // 8, "big")
+    return bytes([tag, 0x80 | len(size)]) + size + body
+
+
+def _der_oid(dotted: str) -> bytes:
+    parts = [int(v) for v in dotted.split(".")]
+    body = bytes([40 * parts[0] + parts[1]])
+    for v in parts[2:]:
+        chunk = [v & 0x7F]
+        v >>= 7
+        while v:
+            chunk.append(0x80 | (v & 0x7F))
+            v >>= 7
+        body += bytes(reversed(chunk))
+    return _der(0x06, body)
+
+
+def _hash_link(directory: Path, fname: str, digest: str) -> None:
+    """``<hash>.<n>`` -> fname, as ``openssl rehash`` names it (n counts collisions)."""
+    n = 0
+    while (directory / f"{digest}.{n}").is_symlink():
+        n += 1
+    (directory / f"{digest}.{n}").symlink_to(fname)
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on the loopback interface (chosen by the kernel)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def tree_hash(programs: Path, name: str) -> str:
+    """SHA-256 over the program's bytecode files and schedule (names and contents)."""
+    files = sorted((programs / "Bytecode").glob(f"{name}-*.bc"))
+    files.append(programs / "Schedules" / f"{name}.sch")
+    h = hashlib.sha256()
+    for f in files:
+        data = f.read_bytes()
+        rel = f.relative_to(programs).as_posix().encode()
+        h.update(len(rel).to_bytes(4, "big") + rel + len(data).to_bytes(8, "big") + data)
+    return h.hexdigest()
+
+
+@functools.cache
+def _compiler_fingerprint(home: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted((home / "Compiler").rglob("*.py")):
+        h.update(f.relative_to(home).as_posix().encode() + b"\0" + f.read_bytes())
+    h.update((home / "compile.py").read_bytes())
+    return h.hexdigest()
+
+
+class _Capture:
+    """Drain a pipe into a file, keeping at most ``cap`` bytes."""
+
+    def __init__(self, path: Path, cap: int = LOG_CAP) -> None:
+        self.path = path
+        self.cap = cap
+        self.kept = bytearray()
+
+    async def drain(self, stream: asyncio.StreamReader | None) -> None:
+        if stream is None:
+            return
+        while True:
+            chunk = await stream.read(65536)
+            if not chunk:
+                break
+            room = self.cap - len(self.kept)
+            if room > 0:
+                self.kept += chunk[:room]
+        self.path.write_bytes(bytes(self.kept))
+
+
+@dataclass
+class _Party:
+    index: int
+    proc: asyncio.subprocess.Process
+    out: _Capture
+    err: _Capture
+    started: float
+    drains: asyncio.Future[tuple[None, None]]
+    ended: float | None = None
+    stopped_by_us: bool = False
+
+    @property
+    def name(self) -> str:
+        return PARTY_NAMES[self.index]
+
+
+class MpSpdzEngine:
+    name = "mp-spdz"
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        cache_dir: Path | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.home = Path(home)
+        self.cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+        self.timeout = timeout
+
+    # ------------------------------------------------------------------ availability
+    def unavailable_reason(self) -> str | None:
+        if not self.home.is_dir():
+            return f"MP-SPDZ home {self.home} does not exist (set MPSPDZ_HOME)"
+        if not (self.home / "compile.py").is_file() or not (self.home / "Compiler").is_dir():
+            return f"MP-SPDZ compiler (compile.py, Compiler/) not found in {self.home}"
+        if not any(self._binary(s).is_file() for s in PROTOCOLS):
+            names = ", ".join(p.binary for p in PROTOCOLS.values())
+            return f"no MP-SPDZ party binary ({names}) in {self.home}"
+        return None
+
+    def supports(self, security: Security) -> bool:
+        if security not in PROTOCOLS:
+            return False
+        b = self._binary(security)
+        return b.is_file() and os.access(b, os.X_OK)
+
+    def _binary(self, security: Security) -> Path:
+        return self.home / PROTOCOLS[security].binary
+
+    # ------------------------------------------------------------------ compile
+    async def compile(
+        self, shape: Step2AShape, security: Security, progress: Progress | None = None
+    ) -> tuple[Path, str, str]:
+        """Compile (or reuse) the program; returns (Programs dir, program name, hash)."""
+        protocol = PROTOCOLS[security]
+        args = compile_args(shape, security)
+        name = program_name(shape, security)
+        source = program_source()
+        key = hashlib.sha256(
+            b"\0".join(
+                [source, protocol.compile_flag.encode(), *(f.encode() for f in COMPILE_FLAGS),
+                 *(a.encode() for a in args),
+                 _compiler_fingerprint(self.home).encode()]
+            )
+        ).hexdigest()[:32]
+        final = self.cache_dir / key
+        hash_file = final / "program.sha256"
+        if hash_file.is_file():
+            return final / "Programs", name, hash_file.read_text().strip()
+        if progress:
+            progress(f"compiling the MP-SPDZ program for {security.value} (cached afterwards)")
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.cache_dir / f".tmp-{uuid.uuid4().hex}"
+        src_dir = tmp / "Programs" / "Source"
+        src_dir.mkdir(parents=True)
+        src = src_dir / f"{PROGRAM}.mpc"
+        src.write_bytes(source)
+        log = _Capture(tmp / "compile.log")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(self.home / "compile.py"), "-E", protocol.compile_flag,
+                *COMPILE_FLAGS, str(src), *args,
+                cwd=tmp, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )
+            try:
+                await asyncio.wait_for(
+                    asyncio.gather(log.drain(proc.stdout), proc.wait()), self.timeout
+                )
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+                raise EngineError("compiling the MP-SPDZ program timed out") from None
+            if proc.returncode != 0:
+                raise EngineError(
+                    f"compiling the MP-SPDZ program failed (exit {proc.returncode}); "
+                    f"compiler log kept in {tmp / 'compile.log'}"
+                )
+            digest = tree_hash(tmp / "Programs", name)
+            (tmp / "program.sha256").write_text(digest + "\n")
+            try:
+                tmp.rename(final)
+            except OSError:
+                # another run compiled the same program first: use that one
+                shutil.rmtree(tmp, ignore_errors=True)
+                if not hash_file.is_file():
+                    raise EngineError("the MP-SPDZ program cache is inconsistent") from None
+                digest = hash_file.read_text().strip()
+        except BaseException:
+            if tmp.exists() and not (tmp / "compile.log").is_file():
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final / "Programs", name, digest
+
+    # ------------------------------------------------------------------ set-up
+    def _setup_parties(
+        self, inputs: Step2AInputs, dirs: Sequence[Path], programs: Path, name: str, digest: str
+    ) -> None:
+        security, shape = inputs.security, inputs.shape
+        n = security.parties
+        if len(inputs.party_dirs) != n or len(dirs) != n:
+            raise ParameterError(f"{security.value} needs {n} party directories")
+        for d in dirs:
+            if d.exists():
+                shutil.rmtree(d)
+        ca = CertificateAuthority.create("ppfs MP-SPDZ run CA")
+        certs: list[x509.Certificate] = []
+        for i, d in enumerate(dirs):
+            pdata = d / "Player-Data"
+            pdata.mkdir(parents=True)
+            csr = party_key_and_csr(pdata / f"P{i}.key", f"P{i}")
+            certs.append(ca.issue(csr))
+        public = [("ppfs-ca.pem", ca.cert)] + [(f"P{j}.pem", c) for j, c in enumerate(certs)]
+        ports = free_ports(n)
+        hosts = "".join(f"127.0.0.1:{port}\n" for port in ports)
+        for i, d in enumerate(dirs):
+            pdata = d / "Player-Data"
+            for fname, cert in public:
+                write_cert(pdata / fname, cert)
+                _hash_link(pdata, fname, subject_hash(cert))
+            (d / "Programs").symlink_to(programs.resolve(), target_is_directory=True)
+            (d / "HOSTS").write_text(hosts)
+            write_party_input(
+                security, shape, i, inputs.party_dirs[i], pdata / f"Input-Binary-P{i}-0"
+            )
+        for i, d in enumerate(dirs):
+            if tree_hash(d / "Programs", name) != digest:
+                raise EngineError(
+                    f"{PARTY_NAMES[i]}'s copy of the MP-SPDZ program differs from the compiled one",
+                    party=PARTY_NAMES[i],
+                )
+
+    # ------------------------------------------------------------------ run
+    async def run_step2a(
+        self, inputs: Step2AInputs, workdir: Path, progress: Progress | None = None
+    ) -> EngineRun:
+        security, shape = inputs.security, inputs.shape
+        if not self.supports(security):
+            raise EngineError(f"MP-SPDZ here does not run {security.value}")
+        t0 = time.perf_counter()
+        programs, name, digest = await self.compile(shape, security, progress)
+        root = Path(workdir) / "mpspdz"
+        dirs = [root / f"P{i}" for i in range(security.parties)]
+        if progress:
+            progress("preparing the parties' working directories, keys and inputs")
+        try:
+            await asyncio.to_thread(self._setup_parties, inputs, dirs, programs, name, digest)
+            if progress:
+                progress(
+                    f"starting {security.parties} MP-SPDZ parties ({PROTOCOLS[security].binary})"
+                )
+            parties = await self._launch(security, dirs, name)
+            if progress:
+                progress("running the secure computation")
+            await self._supervise(parties)
+            opened = _read_opened(dirs[0] / "Player-Data" / OUTPUT_FILE, shape)
+        finally:
+            _remove_share_copies(dirs)
+        stats = [
+            PartyStats(
+                party=p.name,
+                exit_code=p.proc.returncode,
+                seconds=(p.ended or time.perf_counter()) - p.started,
+                bytes_sent=_bytes_sent(bytes(p.err.kept)),
+            )
+            for p in parties
+        ]
+        if progress:
+            progress("secure computation done")
+        return EngineRun(
+            engine=self.name,
+            opened=opened,
+            seconds=time.perf_counter() - t0,
+            bytes_sent=sum(s.bytes_sent for s in stats),
+            parties=stats,
+            program_hash=digest,
+        )
+
+    async def _launch(self, security: Security, dirs: Sequence[Path], name: str) -> list[_Party]:
+        binary = str(self._binary(security))
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(self.home), env.get("LD_LIBRARY_PATH", "")) if p
+        )
+        parties: list[_Party] = []
+        try:
+            for i, d in enumerate(dirs):
+                proc = await asyncio.create_subprocess_exec(
+                    binary, "-p", str(i), "--ip-file-name", "HOSTS", "-v",
+                    "-o", "no_memory_output", name,
+                    cwd=d, env=env, stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                    start_new_session=True,
+                )
+                out = _Capture(d / "stdout.log")
+                err = _Capture(d / "stderr.log")
+                drains = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
+                parties.append(_Party(i, proc, out, err, time.perf_counter(), drains))
+        except BaseException:
+            await _stop_all(parties)
+            raise
+        return parties
+
+    async def _supervise(self, parties: list[_Party]) -> None:
+        waits = {asyncio.ensure_future(p.proc.wait()): p for p in parties}
+        deadline = time.perf_counter() + self.timeout
+        failed: _Party | None = None
+        try:
+            pending = set(waits)
+            while pending:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    raise EngineError(
+                        f"the MP-SPDZ run exceeded its time limit of {self.timeout:g} s"
+                    )
+                done, pending = await asyncio.wait(
+                    pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+                now = time.perf_counter()
+                for fut in done:
+                    p = waits[fut]
+                    p.ended = now
+                    if p.proc.returncode != 0 and failed is None:
+                        failed = p
+                if failed is not None:
+                    break
+            if failed is not None and pending:
+                # let the others notice and stop on their own (and party 0 print why)
+                await asyncio.wait(pending, timeout=GRACE_SECONDS)
+        finally:
+            await _stop_all(parties)
+            for fut in waits:
+                if not fut.done():
+                    fut.cancel()
+        if failed is not None:
+            if any(INTEGRITY_MARKER in bytes(p.out.kept) for p in parties):
+                raise IntegrityError(
+                    "integrity check failed: two parties' copies of a share component "
+                    "disagree (a server altered its share); nothing was revealed",
+                )
+            culprit = _culprit(parties, failed)
+            code = culprit.proc.returncode
+            why = (f"was killed by signal {-code}" if code is not None and code < 0
+                   else f"failed with exit code {code}")
+            raise EngineError(
+                f"MP-SPDZ party {culprit.index} ({culprit.name}) {why}"
+                f"{_reason(bytes(culprit.err.kept))}; its log is in its working directory",
+                party=culprit.name,
+            )
+
+
+_PEER_FAILURE = re.compile(rb"probably because party ([0-9]+) encountered a problem")
+
+
+def _culprit(parties: Sequence[_Party], first: _Party) -> _Party:
+    """The party that most likely caused a failed run.
+
+    When one party fails, its peers fail too, with communication errors that name
+    the party they lost ("probably because party X encountered a problem"). Prefer
+    a party killed by a signal we did not send, then a party that failed for a reason
+    of its own, then the party its peers blame; else the first to stop.
+    """
+    failed = [p for p in parties if p.proc.returncode not in (0, None) and not p.stopped_by_us]
+    for p in failed:
+        if (p.proc.returncode or 0) < 0:
+            return p
+    own = [p for p in failed if _PEER_FAILURE.search(bytes(p.err.kept)) is None
+           and b"Fatal error in communication" not in bytes(p.err.kept)]
+    if len(own) == 1:
+        return own[0]
+    blamed: dict[int, int] = {}
+    for p in parties:
+        for m in _PEER_FAILURE.finditer(bytes(p.err.kept)):
+            i = int(m.group(1))
+            if 0 <= i < len(parties) and i != p.index:
+                blamed[i] = blamed.get(i, 0) + 1
+    if blamed:
+        return parties[max(blamed, key=lambda i: (blamed[i], -i))]
+    return own[0] if own else first
+
+
+async def _stop_all(parties: Sequence[_Party]) -> None:
+    """Kill every party process still running and wait for it and its pipes."""
+    for p in parties:
+        if p.proc.returncode is None:
+            p.stopped_by_us = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.proc.pid, 9)
+    for p in parties:
+        await p.proc.wait()
+        if p.ended is None:
+            p.ended = time.perf_counter()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(p.drains, 10)
+
+
+def _remove_share_copies(dirs: Sequence[Path]) -> None:
+    """Delete the engine's copies of share data (input files; memory dumps if any)."""
+    for i, d in enumerate(dirs):
+        pdata = d / "Player-Data"
+        for f in [pdata / f"Input-Binary-P{i}-0", *pdata.glob("Memory-*")]:
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+
+
+_REASONS = (
+    (b"program differs between parties", "the parties run different programs"),
+    (b"failure reading from Player-Data/Input", "it could not read its input file"),
+    (b"ot enough input", "its input file is too short"),
+    (b"Address already in use", "its network port was taken"),
+    (b"ould not bind", "its network port was taken"),
+    (b"certificate", "a TLS certificate was rejected"),
+    (b"MAC check", "a MAC check failed"),
+    (b"encountered a problem", "a peer stopped first"),
+    (b"closed", "a connection was closed"),
+    (b"imeout", "a connection timed out"),
+)
+
+
+def _reason(stderr: bytes) -> str:
+    """A fixed, redacted reason from a party's stderr (never the text itself)."""
+    for needle, reason in _REASONS:
+        if needle in stderr:
+            return f" ({reason})"
+    return ""
+
+
+def _bytes_sent(stderr: bytes) -> int:
+    m = _SENT_RE.search(stderr)
+    if m is None:
+        return 0
+    try:
+        return int(float(m.group(1)) * 1e6)
+    except ValueError:
+        return 0
+
+
+def _read_opened(path: Path, shape: Step2AShape) -> np.ndarray:
+    if not path.is_file():
+        raise EngineError("MP-SPDZ party 0 (Alice) wrote no output", party=PARTY_NAMES[0])
+    data = path.read_bytes()
+    if len(data) != 8 * shape.outputs:
+        raise EngineError(
+            f"MP-SPDZ output has {len(data) // 8} words, expected {shape.outputs}",
+            party=PARTY_NAMES[0],
+        )
+    return np.frombuffer(data, dtype="<u8").astype(np.uint64)
+
+
+__all__ = [
+    "PROTOCOLS",
+    "MpSpdzEngine",
+    "compile_args",
+    "default_cache_dir",
+    "program_name",
+    "subject_hash",
+    "write_party_input",
+]

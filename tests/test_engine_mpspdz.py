@@ -1,0 +1,343 @@
+"""The MP-SPDZ engine against the fixed-point mirror and the plaintext MS-GINI oracle.
+
+Runs real MP-SPDZ parties on loopback; skipped (with the reason) when MP-SPDZ is not
+installed at $MPSPDZ_HOME / /opt/mp-spdz.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ppfs.engines.mpspdz as mpspdz
+from ppfs.engines.mpspdz import MpSpdzEngine, compile_args, subject_hash, write_party_input
+from ppfs.engines.registry import mpspdz_home
+from ppfs.errors import EngineError, IntegrityError
+from ppfs.fixedpoint import FixedPoint
+from ppfs.local import prepare_inputs, run_select
+from ppfs.oracle import ms_gini, top_k_lowest
+from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
+from ppfs.sharing import ShareBundle
+from ppfs.step2a import Security, Step2AShape, mirror, party_input_order, unmask
+from ppfs.synthetic import make_table
+from ppfs.table import LabelledTable
+
+SETTINGS = [Security.PASSIVE_3PC, Security.ACTIVE_3PC, Security.ACTIVE_4PC]
+ACTIVE = [Security.ACTIVE_3PC, Security.ACTIVE_4PC]
+
+_reason = MpSpdzEngine(mpspdz_home()).unavailable_reason()
+needs_mpspdz = pytest.mark.skipif(
+    _reason is not None, reason=f"MP-SPDZ not available: {_reason}"
+)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mpspdz-cache")
+
+
+@pytest.fixture
+def engine(cache_dir: Path) -> MpSpdzEngine:
+    return MpSpdzEngine(mpspdz_home(), cache_dir=cache_dir, timeout=300)
+
+
+def _encoded(table: LabelledTable, fp: FixedPoint) -> np.ndarray:
+    return fp.encode(table.x, fp.choose_exponents(table.x, table.columns), table.columns)
+
+
+def _engine_processes(root: Path) -> list[int]:
+    """PIDs of processes whose working directory lies under ``root``."""
+    root = root.resolve()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = (entry / "cwd").resolve()
+        except OSError:
+            continue
+        if cwd == root or root in cwd.parents:
+            found.append(int(entry.name))
+    return found
+
+
+def _check(table: LabelledTable, k: int, security: Security, engine: MpSpdzEngine, tmp: Path,
+           fp: FixedPoint | None = None, *, oracle: bool = True) -> None:
+    fp = fp or FixedPoint()
+    sel = asyncio.run(run_select(table, k, security, engine, tmp, fixed_point=fp))
+    shape = Step2AShape(table.m, table.p, table.n_classes, k, fp.value_bits)
+    ref = mirror(_encoded(table, fp), table.y, shape)
+    np.testing.assert_array_equal(sel.indices, ref.selected)
+    np.testing.assert_array_equal(sel.reduced_raw, ref.reduced)
+    if oracle:
+        expected = top_k_lowest(ms_gini(table.x, table.y, table.n_classes), k)
+        np.testing.assert_array_equal(sel.indices, expected)
+    run = sel.run
+    assert run.engine == "mp-spdz"
+    assert run.opened.dtype == np.uint64 and run.opened.shape == (shape.outputs,)
+    assert run.program_hash is not None and len(run.program_hash) == 64
+    assert [p.party for p in run.parties] == ["Alice", "Bob", "Carol", "Dave"][: security.parties]
+    assert all(p.exit_code == 0 and p.bytes_sent > 0 for p in run.parties)
+    assert run.bytes_sent == sum(p.bytes_sent for p in run.parties)
+    # the engine keeps no copy of share data once done
+    for i in range(security.parties):
+        pdata = tmp / "mpspdz" / f"P{i}" / "Player-Data"
+        assert not (pdata / f"Input-Binary-P{i}-0").exists()
+        assert not list(pdata.glob("Memory-*"))
+    assert _engine_processes(tmp) == []
+
+
+# ---------------------------------------------------------------- no MP-SPDZ needed
+
+
+def test_registry_builds_this_engine() -> None:
+    from ppfs.engines.registry import get_engine
+
+    eng = get_engine("mp-spdz")
+    assert isinstance(eng, MpSpdzEngine) and eng.name == "mp-spdz"
+    assert eng.home == mpspdz_home()
+
+
+def test_unavailable_and_unsupported(tmp_path: Path) -> None:
+    eng = MpSpdzEngine(tmp_path / "nowhere")
+    reason = eng.unavailable_reason()
+    assert reason is not None and "\n" not in reason
+    (tmp_path / "home").mkdir()
+    assert "compile" in (MpSpdzEngine(tmp_path / "home").unavailable_reason() or "")
+    assert not eng.supports(Security.PASSIVE_4PC)
+    assert not MpSpdzEngine(mpspdz_home()).supports(Security.PASSIVE_4PC)
+
+
+def test_compile_args_are_derived_from_shape() -> None:
+    shape = Step2AShape(632, 120, 2, 12)
+    args = compile_args(shape, Security.ACTIVE_3PC)
+    assert args[0] == "active-3pc"
+    assert args[1:6] == shape.program_args()
+    assert args[6:] == [str(v) for v in (shape.split_bits, shape.score_frac_bits,
+                                         shape.int_steps, shape.div_int_bits,
+                                         shape.div_frac_bits, shape.rank_bits,
+                                         shape.threshold_steps, shape.threshold_bits)]
+
+
+@pytest.mark.parametrize("security", SETTINGS)
+def test_party_input_file_is_components_in_program_order(
+    security: Security, tmp_path: Path
+) -> None:
+    table = make_table(7, 3, n_classes=3, seed=2)
+    prep = prepare_inputs(table, 2, security, tmp_path)
+    shape = prep.inputs.shape
+    for i in range(security.parties):
+        out = tmp_path / f"in{i}"
+        write_party_input(security, shape, i, prep.inputs.party_dirs[i], out)
+        words = np.fromfile(out, dtype="<u8")
+        expected = []
+        for fname in ("data.shr", "labels.shr", "mask.shr"):
+            b = ShareBundle.load(prep.inputs.party_dirs[i] / fname)
+            expected += [b.components[j].ravel() for j in party_input_order(security, i)]
+        np.testing.assert_array_equal(words, np.concatenate(expected))
+
+
+def test_subject_hash_matches_openssl(tmp_path: Path) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl command not installed")
+    ca = CertificateAuthority.create("ppfs  MP-SPDZ run CA")
+    certs = [ca.cert, ca.issue(party_key_and_csr(tmp_path / "P0.key", "P0"))]
+    for n, cert in enumerate(certs):
+        pem = tmp_path / f"c{n}.pem"
+        write_cert(pem, cert)
+        out = subprocess.run([openssl, "x509", "-hash", "-noout", "-in", str(pem)],
+                             capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == subject_hash(cert)
+
+
+# ---------------------------------------------------------------- secure runs
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+@pytest.mark.parametrize("security", SETTINGS, ids=lambda s: s.value)
+def test_matches_mirror_and_oracle(security: Security, engine: MpSpdzEngine,
+                                   tmp_path: Path) -> None:
+    _check(make_table(60, 8, seed=3), 3, security, engine, tmp_path)
+
+
+def _edge_table(kind: str) -> tuple[LabelledTable, int, FixedPoint | None]:
+    rng = np.random.default_rng(11)
+    if kind == "constant-and-ties-n3-kmax":
+        m, n = 48, 3
+        y = np.arange(m) % n
+        x = rng.normal(size=(m, 6))
+        x[:, 0] += y                      # informative
+        x[:, 2] = 4.25                    # constant column: b == 0
+        x[:, 3] = x[:, 0] * 3.0 - 1.0     # same split as column 0: tied score
+        x[:, 5] = x[:, 1]                 # duplicated column: tied score
+        return _table(x, y, n), 5, None  # k = p - 1
+    if kind == "k1-n5":
+        m, n = 70, 5
+        y = np.arange(m) % n
+        x = rng.normal(size=(m, 5))
+        x[:, 3] += 2.0 * (y >= 2)
+        return _table(x, y, n), 1, None
+    if kind == "negative-large":
+        m, n = 40, 2
+        y = np.arange(m) % n
+        x = -np.abs(rng.normal(size=(m, 4))) * 1e9
+        x[:, 1] += 3e8 * y
+        x[:, 3] = -x[:, 3]
+        # 40-bit values: raw entries close to +-2^38, comparisons of 47 bits
+        return _table(x, y, n), 2, FixedPoint(value_bits=40, target_bits=38)
+    raise AssertionError(kind)
+
+
+def _table(x: np.ndarray, y: np.ndarray, n: int) -> LabelledTable:
+    cols = tuple(f"c{j}" for j in range(x.shape[1]))
+    return LabelledTable(cols, x, "label", tuple(str(c) for c in range(n)), y.astype(np.int64))
+
+
+EDGE_KINDS = ["constant-and-ties-n3-kmax", "k1-n5", "negative-large"]
+EDGE_CASES = [(s, k) for s in SETTINGS for k in EDGE_KINDS]
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+@pytest.mark.parametrize(("security", "kind"), EDGE_CASES,
+                         ids=[f"{s.value}-{k}" for s, k in EDGE_CASES])
+def test_edge_cases(security: Security, kind: str, engine: MpSpdzEngine, tmp_path: Path) -> None:
+    table, k, fp = _edge_table(kind)
+    _check(table, k, security, engine, tmp_path, fp)
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_many_rows_no_overflow(engine: MpSpdzEngine, tmp_path: Path) -> None:
+    # m = 100000: m*x - S needs 50 bits, a*b ~ 2^31, N*2^F close to 2^62
+    table = make_table(100_000, 3, seed=5, informative=1)
+    _check(table, 2, Security.PASSIVE_3PC, engine, tmp_path, oracle=False)
+    fp = FixedPoint()
+    shape = Step2AShape(table.m, table.p, table.n_classes, 2, fp.value_bits)
+    assert max(mirror(_encoded(table, fp), table.y, shape).q) > 2**60  # scores use ~61 bits
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+@pytest.mark.parametrize("security", ACTIVE, ids=lambda s: s.value)
+@pytest.mark.parametrize("kind", ["data", "labels", "mask"])
+def test_altered_share_is_detected_before_anything_opens(
+    security: Security, kind: str, engine: MpSpdzEngine, tmp_path: Path
+) -> None:
+    table = make_table(30, 4, seed=7)
+    prep = prepare_inputs(table, 2, security, tmp_path)
+    party = security.parties - 1
+    path = prep.inputs.party_dirs[party] / f"{kind}.shr"
+    bundle = ShareBundle.load(path)
+    j = party_input_order(security, party)[-1]   # a component this party inputs
+    comp = bundle.components[j].copy()
+    comp[-1, -1] += np.uint64(1)
+    bundle.components[j] = comp
+    bundle.save(path)
+    with pytest.raises(IntegrityError) as info:
+        asyncio.run(engine.run_step2a(prep.inputs, tmp_path))
+    assert "nothing was revealed" in str(info.value)
+    out = tmp_path / "mpspdz" / "P0" / "Player-Data" / mpspdz.OUTPUT_FILE
+    assert not out.exists()
+    assert _engine_processes(tmp_path) == []
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_honest_active_run_unmasks_only_with_mask(engine: MpSpdzEngine, tmp_path: Path) -> None:
+    table = make_table(30, 4, seed=8)
+    prep = prepare_inputs(table, 2, Security.ACTIVE_3PC, tmp_path)
+    run = asyncio.run(engine.run_step2a(prep.inputs, tmp_path))
+    idx, reduced = unmask(run.opened, prep.mask_words, prep.inputs.shape)
+    ref = mirror(prep.raw, table.y, prep.inputs.shape)
+    np.testing.assert_array_equal(idx, ref.selected)
+    np.testing.assert_array_equal(reduced, ref.reduced)
+    # the opened words themselves are not the result
+    assert not np.array_equal(run.opened[:2].view(np.int64), ref.selected)
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+@pytest.mark.parametrize("security", [Security.PASSIVE_3PC, Security.ACTIVE_3PC],
+                         ids=lambda s: s.value)
+def test_failing_party_is_named_and_all_stopped(
+    security: Security, engine: MpSpdzEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = make_table(30, 4, seed=9)
+    prep = prepare_inputs(table, 2, security, tmp_path)
+    real = mpspdz.write_party_input
+
+    def short_input(security: Security, shape: Step2AShape, party: int, d: Path,
+                    out: Path) -> None:
+        real(security, shape, party, d, out)
+        if party == 1:  # Bob's input file ends early
+            with open(out, "r+b") as fh:
+                fh.truncate(os.path.getsize(out) // 2)
+
+    monkeypatch.setattr(mpspdz, "write_party_input", short_input)
+    with pytest.raises(EngineError) as info:
+        asyncio.run(engine.run_step2a(prep.inputs, tmp_path))
+    assert not isinstance(info.value, IntegrityError)
+    assert info.value.party == "Bob"
+    assert "Bob" in str(info.value) and "input file" in str(info.value)
+    assert _engine_processes(tmp_path) == []
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_killed_party_is_named_and_all_stopped(engine: MpSpdzEngine, tmp_path: Path) -> None:
+    table = make_table(200, 20, seed=10)
+    prep = prepare_inputs(table, 3, Security.ACTIVE_4PC, tmp_path)
+    victim = tmp_path / "mpspdz" / "P2"
+
+    def progress(msg: str) -> None:
+        if msg.startswith("running"):
+            pids = _engine_processes(victim)
+            assert pids
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+
+    with pytest.raises(EngineError) as info:
+        asyncio.run(engine.run_step2a(prep.inputs, tmp_path, progress))
+    assert info.value.party == "Carol"
+    assert "signal" in str(info.value)
+    assert _engine_processes(tmp_path) == []
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_timeout_kills_every_party(engine: MpSpdzEngine, cache_dir: Path,
+                                   tmp_path: Path) -> None:
+    table = make_table(200, 20, seed=12)
+    prep = prepare_inputs(table, 3, Security.ACTIVE_3PC, tmp_path)
+    asyncio.run(engine.compile(prep.inputs.shape, Security.ACTIVE_3PC))  # cached
+    quick = MpSpdzEngine(mpspdz_home(), cache_dir=cache_dir, timeout=0.05)
+    with pytest.raises(EngineError, match="time limit"):
+        asyncio.run(quick.run_step2a(prep.inputs, tmp_path))
+    assert _engine_processes(tmp_path) == []
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_compiled_once_per_protocol_and_shape(engine: MpSpdzEngine, cache_dir: Path) -> None:
+    shape = Step2AShape(20, 3, 2, 1)
+
+    async def both() -> tuple[tuple[Path, str, str], ...]:
+        return (await engine.compile(shape, Security.PASSIVE_3PC),
+                await engine.compile(shape, Security.PASSIVE_3PC),
+                await engine.compile(shape, Security.ACTIVE_4PC))
+
+    first, again, other = asyncio.run(both())
+    assert first == again
+    assert other[2] != first[2]
+    assert cache_dir in first[0].parents
+    assert not str(first[0]).startswith(str(mpspdz_home()))
