@@ -49,8 +49,10 @@ def test_bad_input_exit_2(tmp_path, capsys, text, extra, message):
         (["--label", "nope", "--k", "1"], "label column 'nope' is not in the header"),
         (["--label", "y", "--k", "0"], "1 <= k < p = 4"),
         (["--label", "y", "--k", "4"], "1 <= k < p = 4"),
-        (["--label", "y", "--k", "1", "--engine", "mpyc", "--security", "active-3pc"],
-         "mpyc does not support active-3pc"),
+        (
+            ["--label", "y", "--k", "1", "--engine", "mpyc", "--security", "active-3pc"],
+            "mpyc does not support active-3pc",
+        ),
     ],
 )
 def test_bad_parameters_exit_2(good_csv, tmp_path, capsys, args, message):
@@ -65,9 +67,25 @@ def test_select_json_and_out_on_mpyc(good_csv, tmp_path):
     """The whole main job through the installed entry point, on the pure-pip engine."""
     out = tmp_path / "reduced.csv"
     proc = subprocess.run(
-        [sys.executable, "-m", "ppfs.cli", "select", str(good_csv), "--label", "y", "--k", "2",
-         "--engine", "mpyc", "--json", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "ppfs.cli",
+            "select",
+            str(good_csv),
+            "--label",
+            "y",
+            "--k",
+            "2",
+            "--engine",
+            "mpyc",
+            "--json",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout)

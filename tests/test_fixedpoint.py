@@ -17,7 +17,7 @@ def test_round_trip_across_magnitudes():
     back = fp.decode(raw, e[None, :])
     # relative resolution: one unit is 2^-target_bits of the column maximum
     colmax = np.abs(x).max(axis=0)
-    assert np.all(np.abs(back - x) <= colmax * 2.0 ** -fp.target_bits)
+    assert np.all(np.abs(back - x) <= colmax * 2.0**-fp.target_bits)
 
 
 def test_exponent_puts_column_maximum_below_target():
@@ -31,7 +31,9 @@ def test_exponent_puts_column_maximum_below_target():
     assert e[2] == 0 and top[2] == 0  # an all-zero column keeps the plain scale
 
 
-@pytest.mark.parametrize("bad, word", [(np.nan, "NaN"), (np.inf, "infinite"), (-np.inf, "infinite")])
+@pytest.mark.parametrize(
+    "bad, word", [(np.nan, "NaN"), (np.inf, "infinite"), (-np.inf, "infinite")]
+)
 def test_non_finite_refused_naming_column_and_row(bad, word):
     x = np.zeros((4, 3))
     x[2, 1] = bad

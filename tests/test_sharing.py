@@ -15,7 +15,10 @@ from ppfs.sharing import (
 def test_layouts():
     assert [Scheme.REP3.components_of(i) for i in range(3)] == [(0, 2), (0, 1), (1, 2)]
     assert [Scheme.REP4.components_of(i) for i in range(4)] == [
-        (1, 2, 3), (0, 2, 3), (0, 1, 3), (0, 1, 2),
+        (1, 2, 3),
+        (0, 2, 3),
+        (0, 1, 3),
+        (0, 1, 2),
     ]
     for scheme in Scheme:
         for j in range(scheme.parties):
@@ -58,8 +61,9 @@ def test_bundle_round_trip(scheme, tmp_path):
 
 def test_bundle_rejects_tampering():
     rng = np.random.default_rng(4)
-    b = bundles_for_all(np.ones((3, 3), dtype=np.int64), Scheme.REP3, rng,
-                        dataset_id="d", kind="data", frac_bits=16)[0]
+    b = bundles_for_all(
+        np.ones((3, 3), dtype=np.int64), Scheme.REP3, rng, dataset_id="d", kind="data", frac_bits=16
+    )[0]
     blob = bytearray(b.to_bytes())
     blob[-1] ^= 1
     with pytest.raises(ShareFormatError, match="checksum"):

@@ -20,11 +20,27 @@ from ppfs.upload import (
 
 def _upload(party_keys, owner, upload_id="u1"):
     rng = np.random.default_rng(0)
-    bundles = bundles_for_all(np.arange(6).reshape(3, 2), Scheme.REP3, rng,
-                              dataset_id="ds", kind="data", frac_bits=16)
-    sealed = [seal(pack_bundles([b]), k.public_key.encode()) for b, k in zip(bundles, party_keys)]
-    man = Manifest("ds", upload_id, "owner-a", "rep3", 3, ("a", "b"), (0, 1), "", (), 16,
-                   tuple(hashlib.sha256(s).hexdigest() for s in sealed), "2026-01-01T00:00:00Z")
+    bundles = bundles_for_all(
+        np.arange(6).reshape(3, 2), Scheme.REP3, rng, dataset_id="ds", kind="data", frac_bits=16
+    )
+    sealed = [
+        seal(pack_bundles([b]), k.public_key.encode())
+        for b, k in zip(bundles, party_keys, strict=False)
+    ]
+    man = Manifest(
+        "ds",
+        upload_id,
+        "owner-a",
+        "rep3",
+        3,
+        ("a", "b"),
+        (0, 1),
+        "",
+        (),
+        16,
+        tuple(hashlib.sha256(s).hexdigest() for s in sealed),
+        "2026-01-01T00:00:00Z",
+    )
     return man, sign_manifest(man, owner), sealed
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 # Relative to a column's largest magnitude, a value this close to the column mean
 # counts as equal to it. Data sets with mean-imputed cells (SPEED) hold thousands of
 # values that equal the mean mathematically but differ from a float64 mean by
