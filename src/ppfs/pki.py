@@ -61,12 +61,20 @@ class CertificateAuthority:
     def cert_pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
-    def issue(self, csr: x509.CertificateSigningRequest) -> x509.Certificate:
+    def issue(
+        self, csr: x509.CertificateSigningRequest, *, dns_san: bool = True
+    ) -> x509.Certificate:
+        """Sign a party certificate for ``csr``'s subject.
+
+        ``dns_san=False`` leaves out the subject alternative name: MPyC matches peers
+        by the CN ``MPyC party i``, which contains spaces and so cannot be a DNS name,
+        and TLS host-name matching ignores the CN as soon as a SAN is present.
+        """
         if not csr.is_signature_valid:
             raise ValueError("certificate request signature is invalid")
         now = dt.datetime.now(dt.UTC)
         cn = csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
-        return (
+        builder = (
             x509.CertificateBuilder()
             .subject_name(csr.subject)
             .issuer_name(self.cert.subject)
@@ -75,12 +83,13 @@ class CertificateAuthority:
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + _VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
+        )
+        if dns_san:
+            builder = builder.add_extension(
                 x509.SubjectAlternativeName([x509.DNSName(str(cn).replace(" ", "-"))]),
                 critical=False,
             )
-            .sign(self.key, hashes.SHA256())
-        )
+        return builder.sign(self.key, hashes.SHA256())
 
 
 def party_key_and_csr(key_path: Path, common_name: str) -> x509.CertificateSigningRequest:

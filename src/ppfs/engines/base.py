@@ -46,10 +46,11 @@ class EngineRun:
 
     engine: str
     opened: np.ndarray  # uint64, shape.outputs masked words
-    seconds: float
+    seconds: float  # from launching the parties until the last one exited
     bytes_sent: int
     parties: list[PartyStats] = field(default_factory=list)
     program_hash: str | None = None
+    compile_seconds: float = 0.0  # compiling (or finding the cached program), not in seconds
 
 
 class Engine(Protocol):

@@ -431,8 +431,9 @@ class MpSpdzEngine:
         security, shape = inputs.security, inputs.shape
         if not self.supports(security):
             raise EngineError(f"MP-SPDZ here does not run {security.value}")
-        t0 = time.perf_counter()
+        t_compile = time.perf_counter()
         programs, name, digest = await self.compile(shape, security, progress)
+        compile_seconds = time.perf_counter() - t_compile
         root = Path(workdir) / "mpspdz"
         dirs = [root / f"P{i}" for i in range(security.parties)]
         if progress:
@@ -443,6 +444,7 @@ class MpSpdzEngine:
                 progress(
                     f"starting {security.parties} MP-SPDZ parties ({PROTOCOLS[security].binary})"
                 )
+            t0 = time.perf_counter()
             parties = await self._launch(security, dirs, name)
             if progress:
                 progress("running the secure computation")
@@ -468,6 +470,7 @@ class MpSpdzEngine:
             bytes_sent=sum(s.bytes_sent for s in stats),
             parties=stats,
             program_hash=digest,
+            compile_seconds=compile_seconds,
         )
 
     async def _launch(self, security: Security, dirs: Sequence[Path], name: str) -> list[_Party]:

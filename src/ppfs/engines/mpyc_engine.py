@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import importlib.metadata
 import importlib.util
 import json
@@ -31,8 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes
 
 import ppfs
 from ppfs.engines.base import PARTY_NAMES, EngineRun, PartyStats, Progress, Step2AInputs
@@ -55,7 +52,6 @@ LOG_CAP = 256 * 1024  # bytes of each worker stream kept on disk
 POLL = 0.2
 BLAME_GRACE = 2.0  # seconds to wait for the root cause after a "peer lost" exit
 KILL_GRACE = 5.0
-_CERT_VALIDITY = dt.timedelta(days=2)
 
 
 def default_timeout(shape: Step2AShape, parties: int) -> float:
@@ -80,30 +76,6 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def issue_party_certificate(ca: CertificateAuthority, csr: x509.CertificateSigningRequest
-                            ) -> x509.Certificate:
-    """An MPyC party certificate: subject CN ``MPyC party i`` and no SAN.
-
-    MPyC checks the peer's certificate against the host name ``MPyC party i``; with
-    a SAN present, TLS host name matching ignores the CN, and a DNS name cannot
-    contain spaces, so the certificate must carry the name in its CN only.
-    """
-    if not csr.is_signature_valid:
-        raise EngineError("a party's certificate request has an invalid signature")
-    now = dt.datetime.now(dt.UTC)
-    return (
-        x509.CertificateBuilder()
-        .subject_name(csr.subject)
-        .issuer_name(ca.cert.subject)
-        .public_key(csr.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + _CERT_VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca.key, hashes.SHA256())
-    )
 
 
 @dataclass
@@ -230,7 +202,7 @@ class MpycEngine:
             for stale in ("status.txt", "result.json", "opened.u64", "worker.pid"):
                 (d / stale).unlink(missing_ok=True)
             csr = party_key_and_csr(cfg / f"party_{i}.key", f"MPyC party {i}")
-            write_cert(cfg / f"party_{i}.crt", issue_party_certificate(ca, csr))
+            write_cert(cfg / f"party_{i}.crt", ca.issue(csr, dns_san=False))
             (cfg / "mpyc_ca.crt").write_bytes(ca.cert_pem())
             job: dict[str, Any] = {
                 "version": JOB_VERSION,

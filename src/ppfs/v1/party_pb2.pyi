@@ -1,0 +1,240 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Combination(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMBINATION_UNSPECIFIED: _ClassVar[Combination]
+    COMBINATION_HORIZONTAL: _ClassVar[Combination]
+    COMBINATION_VERTICAL: _ClassVar[Combination]
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_QUEUED: _ClassVar[JobState]
+    JOB_STATE_RUNNING: _ClassVar[JobState]
+    JOB_STATE_SUCCEEDED: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+    JOB_STATE_CANCELLED: _ClassVar[JobState]
+COMBINATION_UNSPECIFIED: Combination
+COMBINATION_HORIZONTAL: Combination
+COMBINATION_VERTICAL: Combination
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_QUEUED: JobState
+JOB_STATE_RUNNING: JobState
+JOB_STATE_SUCCEEDED: JobState
+JOB_STATE_FAILED: JobState
+JOB_STATE_CANCELLED: JobState
+
+class GetIdentityRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PartyIdentity(_message.Message):
+    __slots__ = ("index", "name", "box_public_key", "signing_public_key", "tls_certificate_pem", "mpc_certificate_pem", "engines", "mpc_host", "mpc_port_base")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BOX_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNING_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    TLS_CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    MPC_CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    MPC_HOST_FIELD_NUMBER: _ClassVar[int]
+    MPC_PORT_BASE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    name: str
+    box_public_key: bytes
+    signing_public_key: bytes
+    tls_certificate_pem: bytes
+    mpc_certificate_pem: bytes
+    engines: _containers.RepeatedScalarFieldContainer[str]
+    mpc_host: str
+    mpc_port_base: int
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., box_public_key: _Optional[bytes] = ..., signing_public_key: _Optional[bytes] = ..., tls_certificate_pem: _Optional[bytes] = ..., mpc_certificate_pem: _Optional[bytes] = ..., engines: _Optional[_Iterable[str]] = ..., mpc_host: _Optional[str] = ..., mpc_port_base: _Optional[int] = ...) -> None: ...
+
+class UploadPartHeader(_message.Message):
+    __slots__ = ("dataset_id", "upload_id", "owner_id", "manifest", "manifest_signature", "sealed_size")
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SEALED_SIZE_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    upload_id: str
+    owner_id: str
+    manifest: bytes
+    manifest_signature: bytes
+    sealed_size: int
+    def __init__(self, dataset_id: _Optional[str] = ..., upload_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., manifest: _Optional[bytes] = ..., manifest_signature: _Optional[bytes] = ..., sealed_size: _Optional[int] = ...) -> None: ...
+
+class UploadPartChunk(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: UploadPartHeader
+    chunk: bytes
+    def __init__(self, header: _Optional[_Union[UploadPartHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class PutUploadPartResponse(_message.Message):
+    __slots__ = ("dataset_id", "upload_id", "rows", "columns")
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    upload_id: str
+    rows: int
+    columns: int
+    def __init__(self, dataset_id: _Optional[str] = ..., upload_id: _Optional[str] = ..., rows: _Optional[int] = ..., columns: _Optional[int] = ...) -> None: ...
+
+class GetDatasetRequest(_message.Message):
+    __slots__ = ("dataset_id",)
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    def __init__(self, dataset_id: _Optional[str] = ...) -> None: ...
+
+class DatasetInfo(_message.Message):
+    __slots__ = ("dataset_id", "columns", "column_exponents", "label_column", "classes", "rows", "upload_ids")
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    COLUMN_EXPONENTS_FIELD_NUMBER: _ClassVar[int]
+    LABEL_COLUMN_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_IDS_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    column_exponents: _containers.RepeatedScalarFieldContainer[int]
+    label_column: str
+    classes: int
+    rows: int
+    upload_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, dataset_id: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., column_exponents: _Optional[_Iterable[int]] = ..., label_column: _Optional[str] = ..., classes: _Optional[int] = ..., rows: _Optional[int] = ..., upload_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TrainingParameters(_message.Message):
+    __slots__ = ("epochs", "batch_size", "learning_rate")
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    epochs: int
+    batch_size: int
+    learning_rate: float
+    def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
+
+class JobDescription(_message.Message):
+    __slots__ = ("job_id", "dataset_ids", "combination", "label_column", "k", "security", "engine", "frac_bits", "training", "recipient_public_key", "mask_upload_id", "peer_mpc_addresses")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DATASET_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMBINATION_FIELD_NUMBER: _ClassVar[int]
+    LABEL_COLUMN_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    SECURITY_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
+    RECIPIENT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    MASK_UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_MPC_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    dataset_ids: _containers.RepeatedScalarFieldContainer[str]
+    combination: Combination
+    label_column: str
+    k: int
+    security: str
+    engine: str
+    frac_bits: int
+    training: TrainingParameters
+    recipient_public_key: bytes
+    mask_upload_id: str
+    peer_mpc_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., dataset_ids: _Optional[_Iterable[str]] = ..., combination: _Optional[_Union[Combination, str]] = ..., label_column: _Optional[str] = ..., k: _Optional[int] = ..., security: _Optional[str] = ..., engine: _Optional[str] = ..., frac_bits: _Optional[int] = ..., training: _Optional[_Union[TrainingParameters, _Mapping]] = ..., recipient_public_key: _Optional[bytes] = ..., mask_upload_id: _Optional[str] = ..., peer_mpc_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StartJobRequest(_message.Message):
+    __slots__ = ("job", "description_sha256")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_SHA256_FIELD_NUMBER: _ClassVar[int]
+    job: JobDescription
+    description_sha256: str
+    def __init__(self, job: _Optional[_Union[JobDescription, _Mapping]] = ..., description_sha256: _Optional[str] = ...) -> None: ...
+
+class StartJobResponse(_message.Message):
+    __slots__ = ("job_id", "program_sha256")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_SHA256_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    program_sha256: str
+    def __init__(self, job_id: _Optional[str] = ..., program_sha256: _Optional[str] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class CancelJobResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: JobState
+    def __init__(self, state: _Optional[_Union[JobState, str]] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("job_id", "state", "phase", "progress", "error", "program_sha256", "seconds", "bytes_sent")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_SHA256_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: JobState
+    phase: str
+    progress: float
+    error: str
+    program_sha256: str
+    seconds: float
+    bytes_sent: int
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., phase: _Optional[str] = ..., progress: _Optional[float] = ..., error: _Optional[str] = ..., program_sha256: _Optional[str] = ..., seconds: _Optional[float] = ..., bytes_sent: _Optional[int] = ...) -> None: ...
+
+class WatchJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: JobStatus
+    def __init__(self, status: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
+
+class FetchResultPartRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class SealedResultPart(_message.Message):
+    __slots__ = ("job_id", "party_index", "sealed", "signature")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    party_index: int
+    sealed: bytes
+    signature: bytes
+    def __init__(self, job_id: _Optional[str] = ..., party_index: _Optional[int] = ..., sealed: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
