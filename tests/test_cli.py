@@ -90,7 +90,7 @@ def test_select_json_and_out_on_mpyc(good_csv, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout)
     t = read_csv(good_csv, "y")
-    plain = oracle.top_k_lowest(oracle.ms_gini(t.x, t.y, 2), 2)
+    plain = oracle.ms_gini_top_k(t.x, t.y, 2, 2)
     assert res["selected"] == [t.columns[j] for j in plain]
     assert res["k"] == 2 and res["security"] == "passive-3pc" and res["engine"] == "mpyc"
     assert res["parties"] == 3 and res["seconds"] > 0 and res["bytes_sent"] >= 0

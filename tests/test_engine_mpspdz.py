@@ -22,7 +22,7 @@ from ppfs.engines.registry import mpspdz_home
 from ppfs.errors import EngineError, IntegrityError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.local import prepare_inputs, run_select
-from ppfs.oracle import ms_gini, top_k_lowest
+from ppfs.oracle import ms_gini_top_k
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs.sharing import ShareBundle
 from ppfs.step2a import Security, Step2AShape, mirror, party_input_order, unmask
@@ -77,7 +77,7 @@ def _check(table: LabelledTable, k: int, security: Security, engine: MpSpdzEngin
     np.testing.assert_array_equal(sel.indices, ref.selected)
     np.testing.assert_array_equal(sel.reduced_raw, ref.reduced)
     if oracle:
-        expected = top_k_lowest(ms_gini(table.x, table.y, table.n_classes), k)
+        expected = ms_gini_top_k(table.x, table.y, table.n_classes, k)
         np.testing.assert_array_equal(sel.indices, expected)
     run = sel.run
     assert run.engine == "mp-spdz"
@@ -246,8 +246,8 @@ def test_altered_share_is_detected_before_anything_opens(
     with pytest.raises(IntegrityError) as info:
         asyncio.run(engine.run_step2a(prep.inputs, tmp_path))
     assert "nothing was revealed" in str(info.value)
-    out = tmp_path / "mpspdz" / "P0" / "Player-Data" / mpspdz.OUTPUT_FILE
-    assert not out.exists()
+    for i in range(security.parties):
+        assert not mpspdz.output_file(tmp_path / "mpspdz" / f"P{i}", i).exists()
     assert _engine_processes(tmp_path) == []
 
 

@@ -29,7 +29,7 @@ from ppfs.engines.mpyc_party import (
 from ppfs.errors import EngineError, EngineUnavailableError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.local import prepare_inputs, run_select
-from ppfs.oracle import ms_gini, top_k_lowest
+from ppfs.oracle import ms_gini_top_k
 from ppfs.sharing import Scheme, bundles_for_all, share
 from ppfs.step2a import Security, mirror
 from ppfs.synthetic import make_table
@@ -62,7 +62,7 @@ def _run(table: LabelledTable, k: int, security: Security, workdir: Path,
 def _check(sel, ref, table: LabelledTable, k: int) -> None:
     assert sel.indices.tolist() == ref.selected.tolist()
     assert np.array_equal(sel.reduced_raw, ref.reduced)
-    oracle = top_k_lowest(ms_gini(table.x, table.y, table.n_classes), k)
+    oracle = ms_gini_top_k(table.x, table.y, table.n_classes, k)
     assert sel.indices.tolist() == oracle.tolist()
 
 
@@ -241,7 +241,7 @@ def test_engine_refuses_active_security(tmp_path: Path) -> None:
 def _cases() -> dict[str, tuple[LabelledTable, int, FixedPoint | None]]:
     base = make_table(40, 6, seed=2)
     x = base.x.copy()
-    oracle = top_k_lowest(ms_gini(x, base.y, 2), 6)
+    oracle = ms_gini_top_k(x, base.y, 2, 6)
     x[:, oracle[-1]] = x[:, oracle[0]]  # duplicate of the best column: an exact tie
     x[:, oracle[-2]] = -3.25  # constant column (b = 0)
     ties = _with_columns(base, x)

@@ -225,7 +225,7 @@ def _demo(args: argparse.Namespace) -> int:
     )
     rc = _select(args, table)
     if rc == 0 and not args.json:
-        plain = oracle.top_k_lowest(oracle.ms_gini(table.x, table.y, table.n_classes), args.k)
+        plain = oracle.ms_gini_top_k(table.x, table.y, table.n_classes, args.k)
         print(
             "plaintext MS-GINI on the same data selects: "
             + ", ".join(table.columns[int(j)] for j in plain)

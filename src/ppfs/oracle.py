@@ -8,6 +8,8 @@ GI, PCC and MI are the comparison scorers of the paper's Table 1.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
 # Relative to a column's largest magnitude, a value this close to the column mean
@@ -17,12 +19,20 @@ import numpy as np
 TIE_TOLERANCE = 1e-9
 
 
-def ms_gini(x: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
-    """MS-GINI score per column of ``x`` (m x p floats); lower is better."""
-    m = x.shape[0]
+def _mean_split(x: np.ndarray) -> np.ndarray:
     theta = x.mean(axis=0)
     band = TIE_TOLERANCE * np.abs(x).max(axis=0, initial=0.0)
-    gt = x > (theta + band)[None, :]
+    return x > (theta + band)[None, :]
+
+
+def ms_gini(x: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
+    """MS-GINI score per column of ``x`` (m x p floats); lower is better.
+
+    Float64: scores that are equal as rationals can differ here by rounding (1e-14),
+    so rank with :func:`ms_gini_top_k`, which compares them exactly.
+    """
+    m = x.shape[0]
+    gt = _mean_split(x)
     onehot = np.eye(n_classes, dtype=np.float64)[y]  # m x n
     b_counts = onehot.T @ gt.astype(np.float64)  # n x p
     a_counts = onehot.sum(axis=0)[:, None] - b_counts
@@ -32,6 +42,32 @@ def ms_gini(x: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
         ga = np.where(a > 0, a - (a_counts**2).sum(axis=0) / np.where(a > 0, a, 1), 0.0)
         gb = np.where(b > 0, b - (b_counts**2).sum(axis=0) / np.where(b > 0, b, 1), 0.0)
     return ga + gb
+
+
+def ms_gini_exact(x: np.ndarray, y: np.ndarray, n_classes: int) -> list[Fraction]:
+    """MS-GINI as exact rationals: the counts are integers, so G = a - AA/a + b - BB/b is too."""
+    m = x.shape[0]
+    gt = _mean_split(x)
+    onehot = np.eye(n_classes, dtype=np.int64)[y]
+    b_counts = onehot.T @ gt.astype(np.int64)  # n x p, exact
+    a_counts = onehot.sum(axis=0)[:, None] - b_counts
+    out = []
+    for j in range(x.shape[1]):
+        b = int(b_counts[:, j].sum())
+        a = m - b
+        g = Fraction(0)
+        if a:
+            g += a - Fraction(int((a_counts[:, j] ** 2).sum()), a)
+        if b:
+            g += b - Fraction(int((b_counts[:, j] ** 2).sum()), b)
+        out.append(g)
+    return out
+
+
+def ms_gini_top_k(x: np.ndarray, y: np.ndarray, n_classes: int, k: int) -> np.ndarray:
+    """The k best columns by MS-GINI, best first, exact ties to the lower index."""
+    g = ms_gini_exact(x, y, n_classes)
+    return np.array(sorted(range(len(g)), key=lambda j: (g[j], j))[:k], dtype=np.int64)
 
 
 def top_k_lowest(scores: np.ndarray, k: int) -> np.ndarray:

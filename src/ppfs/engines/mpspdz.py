@@ -65,7 +65,6 @@ PROGRAM = "step2a"
 # may reorder them within a basic block, which silently corrupts results.
 COMPILE_FLAGS = ("-M",)
 INTEGRITY_MARKER = b"PPFS-INTEGRITY-FAILURE"
-OUTPUT_FILE = "Binary-Output-P0-0"
 LOG_CAP = 256 * 1024  # bytes of each party's stdout/stderr kept on disk
 DEFAULT_TIMEOUT = 4 * 3600.0
 GRACE_SECONDS = 3.0  # how long the others may take to stop on their own after a failure
@@ -449,7 +448,7 @@ class MpSpdzEngine:
             if progress:
                 progress("running the secure computation")
             await self._supervise(parties)
-            opened = _read_opened(dirs[0] / "Player-Data" / OUTPUT_FILE, shape)
+            opened = _read_opened(dirs, shape)
         finally:
             _remove_share_copies(dirs)
         stats = [
@@ -632,16 +631,33 @@ def _bytes_sent(stderr: bytes) -> int:
         return 0
 
 
-def _read_opened(path: Path, shape: Step2AShape) -> np.ndarray:
+def output_file(party_dir: Path, party: int) -> Path:
+    """Where MP-SPDZ party ``party`` writes the opened (masked) words."""
+    return party_dir / "Player-Data" / f"Binary-Output-P{party}-0"
+
+
+def read_party_output(path: Path, party: int, shape: Step2AShape) -> np.ndarray:
+    name = PARTY_NAMES[party]
     if not path.is_file():
-        raise EngineError("MP-SPDZ party 0 (Alice) wrote no output", party=PARTY_NAMES[0])
+        raise EngineError(f"MP-SPDZ party {name} wrote no output", party=name)
     data = path.read_bytes()
     if len(data) != 8 * shape.outputs:
         raise EngineError(
-            f"MP-SPDZ output has {len(data) // 8} words, expected {shape.outputs}",
-            party=PARTY_NAMES[0],
+            f"{name}'s MP-SPDZ output has {len(data) // 8} words, expected {shape.outputs}",
+            party=name,
         )
     return np.frombuffer(data, dtype="<u8").astype(np.uint64)
+
+
+def _read_opened(dirs: Sequence[Path], shape: Step2AShape) -> np.ndarray:
+    """Every party writes the opened words; they must agree (a party cannot forge them)."""
+    outputs = [read_party_output(output_file(d, i), i, shape) for i, d in enumerate(dirs)]
+    for i, words in enumerate(outputs[1:], start=1):
+        if not np.array_equal(words, outputs[0]):
+            raise EngineError(
+                f"the parties' opened outputs differ ({PARTY_NAMES[0]} vs {PARTY_NAMES[i]})"
+            )
+    return outputs[0]
 
 
 __all__ = [
