@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import importlib
 import json
 import shutil
 import sys
@@ -57,7 +58,21 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--classes", type=int, default=2)
     demo.add_argument("--seed", type=int, default=7)
     _job_args(demo, need_label=False, default_k=5)
+
+    for module in _COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError:
+            continue
+        register = getattr(mod, "add_commands", None)
+        if register is not None:
+            register(sub)  # each sets `func` on its parsers: func(args) -> exit code
     return p
+
+
+# Service commands live with their services and the client; each module offers
+# add_commands(subparsers). Imported lazily so `ppfs select` needs none of them.
+_COMMAND_MODULES = ("ppfs_client.commands", "ppfs_party.commands", "ppfs_gateway.commands")
 
 
 def _job_args(
@@ -105,6 +120,8 @@ def _job_args(
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if getattr(args, "func", None) is not None:
+            return int(args.func(args))
         if args.command == "demo":
             return _demo(args)
         table = read_csv(args.data, args.label)
