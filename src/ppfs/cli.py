@@ -27,6 +27,7 @@ from ppfs.errors import (
 from ppfs.fixedpoint import FixedPoint
 from ppfs.local import Selection, run_select
 from ppfs.step2a import Security, Step2AShape
+from ppfs.step2b import TrainParams
 from ppfs.table import LabelledTable, read_csv
 
 EXIT_USAGE = 2
@@ -109,6 +110,21 @@ def _job_args(
         help="write D' (the selected columns, best first) and the label column",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    tr = p.add_argument_group(
+        "Step 2B", "train logistic regression inside MPC on the selected features; only you "
+        "receive the model (weights per column in original units, zero for the columns not "
+        "selected, and the intercept)")
+    tr.add_argument("--train", action="store_true", help="also train (Step 2B)")
+    tr.add_argument("--epochs", type=int, default=None,
+                    help=f"passes over the data (default {TrainParams.epochs})")
+    tr.add_argument("--lr", type=float, default=None,
+                    help=f"learning rate (default {TrainParams.lr})")
+    tr.add_argument("--batch", type=int, default=None,
+                    help=f"mini-batch size (default {TrainParams.batch})")
+    tr.add_argument("--train-seed", type=int, default=None,
+                    help="seed of the public batch order (default 0)")
+    tr.add_argument("--no-reduced", action="store_true",
+                    help="keep D' inside MPC: reveal only the selection and the model")
     p.add_argument(
         "--workdir",
         type=Path,
@@ -153,7 +169,13 @@ def _resolve_engine(name: str | None, security: Security) -> Engine:
 def _select(args: argparse.Namespace, table: LabelledTable) -> int:
     security = Security(args.security)
     fp = FixedPoint(frac_bits=args.frac_bits)
-    Step2AShape(table.m, table.p, table.n_classes, args.k, fp.value_bits)  # validates k, shape
+    train = _train_params(args)
+    reveal_reduced = not args.no_reduced
+    # validates k, the shape and the training parameters
+    Step2AShape(table.m, table.p, table.n_classes, args.k, fp.value_bits,
+                reveal_reduced=reveal_reduced, train=train)
+    if args.out is not None and not reveal_reduced:
+        raise ParameterError("--out needs D', which --no-reduced keeps inside MPC")
     engine = _resolve_engine(args.engine, security)
     if args.out is not None and not args.out.parent.exists():
         raise ParameterError(f"--out: directory {args.out.parent} does not exist")
@@ -165,7 +187,8 @@ def _select(args: argparse.Namespace, table: LabelledTable) -> int:
     try:
         with _ProgressDisplay(enabled=sys.stderr.isatty() and not args.json) as show:
             selection = asyncio.run(
-                run_select(table, args.k, security, engine, workdir, fixed_point=fp, progress=show)
+                run_select(table, args.k, security, engine, workdir, fixed_point=fp,
+                           progress=show, train=train, reveal_reduced=reveal_reduced)
             )
     except EngineError as exc:
         who = f" (party {exc.party})" if exc.party else ""
@@ -180,11 +203,29 @@ def _select(args: argparse.Namespace, table: LabelledTable) -> int:
     seconds = time.monotonic() - t0
     if args.out is not None:
         _write_reduced(args.out, table, selection)
-    _report(args, selection, seconds)
+    _report(args, selection, seconds, table)
     return 0
 
 
-def _report(args: argparse.Namespace, sel: Selection, seconds: float) -> None:
+def _train_params(args: argparse.Namespace) -> TrainParams | None:
+    given = [n for n in ("epochs", "lr", "batch", "train_seed") if getattr(args, n) is not None]
+    if not args.train:
+        if given or args.no_reduced:
+            flag = "--" + given[0].replace("_", "-") if given else "--no-reduced"
+            raise ParameterError(f"{flag} needs --train")
+        return None
+    d = TrainParams()
+    return TrainParams(
+        epochs=args.epochs if args.epochs is not None else d.epochs,
+        batch=args.batch if args.batch is not None else d.batch,
+        lr=args.lr if args.lr is not None else d.lr,
+        seed=args.train_seed if args.train_seed is not None else d.seed,
+    )
+
+
+def _report(args: argparse.Namespace, sel: Selection, seconds: float,
+            table: LabelledTable) -> None:
+    accuracy = sel.model.accuracy(table.x, table.y) if sel.model is not None else None
     if args.json:
         out: dict[str, Any] = {
             "selected": sel.columns,
@@ -206,6 +247,11 @@ def _report(args: argparse.Namespace, sel: Selection, seconds: float) -> None:
         }
         if args.out is not None:
             out["out"] = str(args.out)
+        out["reduced_revealed"] = sel.shape.reveal_reduced
+        if sel.model is not None:
+            # computed here, by the model's owner, in plaintext on its own data
+            out["model"] = sel.model.to_json()
+            out["train_accuracy"] = accuracy
         print(json.dumps(out))
         return
     print(f"selected {sel.shape.k} of {sel.shape.p} features (best first):")
@@ -218,6 +264,13 @@ def _report(args: argparse.Namespace, sel: Selection, seconds: float) -> None:
     )
     if args.out is not None:
         print(f"reduced data set written to {args.out}")
+    if sel.model is not None and accuracy is not None:
+        tp = sel.model.params
+        print(f"logistic regression trained inside MPC ({tp.epochs} epochs, batch {tp.batch}, "
+              f"lr {tp.lr}); training accuracy on your data: {100 * accuracy:.2f}%")
+        for i, row in enumerate(sel.model.to_json()["models"]):
+            terms = ", ".join(f"{name}: {w:.6g}" for name, w in row["weights"].items() if w)
+            print(f"  model {i} ({row['target']}): intercept {row['intercept']:.6g}; {terms}")
 
 
 def _write_reduced(path: Path, table: LabelledTable, sel: Selection) -> None:

@@ -19,7 +19,8 @@ from ppfs.engines.base import PARTY_NAMES, Engine, EngineRun, Progress, Step2AIn
 from ppfs.errors import EngineError, EngineUnavailableError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.sharing import bundles_for_all
-from ppfs.step2a import Security, Step2AShape, draw_mask_words, unmask
+from ppfs.step2a import Security, Step2AShape, draw_mask_words, unmask_all
+from ppfs.step2b import Model, TrainParams, decode_model, split_model_words
 from ppfs.table import LabelledTable
 
 
@@ -33,7 +34,8 @@ class PreparedInputs:
 
 @dataclass
 class Selection:
-    """What the recipient learns: the selected columns, best first, and D'."""
+    """What the recipient learns: the selected columns, best first, D' (unless
+    withheld: then m x 0 arrays) and, with training, the model (Step 2B)."""
 
     columns: list[str]
     indices: np.ndarray
@@ -43,6 +45,8 @@ class Selection:
     shape: Step2AShape
     security: Security
     fixed_point: FixedPoint
+    model: Model | None = None
+    model_words: np.ndarray | None = None  # the model's unmasked fixed-point words
 
 
 def prepare_inputs(
@@ -53,10 +57,13 @@ def prepare_inputs(
     *,
     fixed_point: FixedPoint | None = None,
     rng: np.random.Generator | None = None,
+    train: TrainParams | None = None,
+    reveal_reduced: bool = True,
 ) -> PreparedInputs:
     fp = fixed_point or FixedPoint()
     rng = rng or np.random.default_rng()
-    shape = Step2AShape(table.m, table.p, table.n_classes, k, fp.value_bits)
+    shape = Step2AShape(table.m, table.p, table.n_classes, k, fp.value_bits,
+                        reveal_reduced=reveal_reduced, train=train)
     exps = fp.choose_exponents(table.x, table.columns)
     raw = fp.encode(table.x, exps, table.columns)
     words = draw_mask_words(shape.outputs, rng)
@@ -89,7 +96,13 @@ async def run_select(
     fixed_point: FixedPoint | None = None,
     progress: Progress | None = None,
     rng: np.random.Generator | None = None,
+    train: TrainParams | None = None,
+    reveal_reduced: bool = True,
 ) -> Selection:
+    """Step 2A (and Step 2B with ``train``) on local parties; unmask for the recipient.
+
+    ``reveal_reduced=False`` keeps D' inside MPC (a training-only job).
+    """
     reason = engine.unavailable_reason()
     if reason is not None:
         raise EngineUnavailableError(f"engine {engine.name} is not usable: {reason}")
@@ -98,13 +111,25 @@ async def run_select(
     fp = fixed_point or FixedPoint()
     if progress:
         progress("encoding and secret-sharing the data")
-    prepared = prepare_inputs(table, k, security, workdir, fixed_point=fp, rng=rng)
+    prepared = prepare_inputs(table, k, security, workdir, fixed_point=fp, rng=rng,
+                              train=train, reveal_reduced=reveal_reduced)
     run = await engine.run_step2a(prepared.inputs, workdir, progress)
     shape = prepared.inputs.shape
-    idx, reduced_raw = unmask(run.opened, prepared.mask_words, shape)
+    out = unmask_all(run.opened, prepared.mask_words, shape)
+    idx = out.indices
     if np.any((idx < 0) | (idx >= shape.p)) or len(set(idx.tolist())) != shape.k:
         raise EngineError("the opened selection is not a set of k distinct columns")
-    reduced = fp.decode(reduced_raw, prepared.exponents[idx][None, :])
+    if out.reduced is not None:
+        reduced_raw = out.reduced
+        reduced = fp.decode(reduced_raw, prepared.exponents[idx][None, :])
+    else:
+        reduced_raw = np.zeros((shape.m, 0), dtype=np.int64)
+        reduced = np.zeros((shape.m, 0))
+    model = None
+    if train is not None and out.model is not None:
+        alpha_full, beta = split_model_words(out.model, shape.p, shape.n_classes)
+        model = decode_model(alpha_full, beta, prepared.exponents, fp, train,
+                             table.columns, table.classes)
     return Selection(
         columns=[table.columns[int(j)] for j in idx],
         indices=idx,
@@ -114,4 +139,6 @@ async def run_select(
         shape=shape,
         security=security,
         fixed_point=fp,
+        model=model,
+        model_words=out.model,
     )

@@ -37,12 +37,15 @@ result's recipient secret-shared like any input; only the recipient can unmask.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ppfs.errors import ParameterError
 from ppfs.sharing import Scheme
+from ppfs.step2b import TrainConstants, TrainParams, model_outputs
+from ppfs.step2b import constants as train_constants
 
 # Mask words are drawn from [0, 2^MASK_WORD_BITS); a mask is w0 + 2^MASK_WORD_BITS * w1.
 # Mod 2^64 that is uniform (w0 uniform on 60 bits, w1 mod 16 uniform on the top 4 bits);
@@ -99,13 +102,22 @@ def bitlen(v: int) -> int:
 
 @dataclass(frozen=True)
 class Step2AShape:
-    """Public parameters of one Step 2A run; everything the program is compiled for."""
+    """Public parameters of one Step 2A run; everything the program is compiled for.
+
+    ``reveal_reduced``: whether D' is among the outputs (the CLI, where the invoking
+    user owns the data, reveals it; a training-only job for an analyst must not).
+    ``train``: Step 2B's hyperparameters, or None for no training. Both are public
+    and decide the program and the number of outputs, so the mirror and both
+    engines agree on them.
+    """
 
     m: int
     p: int
     n_classes: int
     k: int
     value_bits: int = 32
+    reveal_reduced: bool = True
+    train: TrainParams | None = field(default=None)
 
     def __post_init__(self) -> None:
         if self.m < 2:
@@ -164,11 +176,49 @@ class Step2AShape:
 
     @property
     def outputs(self) -> int:
-        """Number of masked words opened: k indices then m*k entries of D'."""
-        return self.k + self.m * self.k
+        """Number of masked words opened: k indices, then m*k entries of D' (if
+        revealed), then the model (if trained): p x n_models weights and n_models
+        intercepts (:func:`ppfs.step2b.model_outputs`)."""
+        return self.k + self.reduced_outputs + self.model_outputs
+
+    @property
+    def reduced_outputs(self) -> int:
+        return self.m * self.k if self.reveal_reduced else 0
+
+    @property
+    def model_outputs(self) -> int:
+        return model_outputs(self.p, self.n_classes) if self.train is not None else 0
+
+    def train_constants(self) -> TrainConstants | None:
+        if self.train is None:
+            return None
+        return train_constants(self.m, self.k, self.n_classes, self.value_bits, self.train)
+
+    def train_args(self) -> list[str]:
+        """Step 2B's part of the program arguments; empty for a plain Step 2A run."""
+        c = self.train_constants()
+        if c is None and self.reveal_reduced:
+            return []
+        return [str(int(self.reveal_reduced)), str(int(c is not None)),
+                *(str(v) for v in (c.program_args() if c is not None else []))]
 
     def program_args(self) -> list[str]:
-        return [str(self.m), str(self.p), str(self.n_classes), str(self.k), str(self.value_bits)]
+        """The public parameters that define the program (Step 2B's appended if any)."""
+        return [str(self.m), str(self.p), str(self.n_classes), str(self.k),
+                str(self.value_bits), *self.train_args()]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (job files); :meth:`from_dict` reads it back."""
+        return {"m": self.m, "p": self.p, "n_classes": self.n_classes, "k": self.k,
+                "value_bits": self.value_bits, "reveal_reduced": self.reveal_reduced,
+                "train": self.train.to_dict() if self.train is not None else None}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Step2AShape:
+        train = d.get("train")
+        return cls(int(d["m"]), int(d["p"]), int(d["n_classes"]), int(d["k"]),
+                   int(d.get("value_bits", 32)), bool(d.get("reveal_reduced", True)),
+                   TrainParams.from_dict(train) if train else None)
 
 
 @dataclass(frozen=True)
@@ -215,8 +265,32 @@ def draw_mask_words(count: int, rng: np.random.Generator) -> np.ndarray:
 def unmask(
     opened: np.ndarray, words: np.ndarray, shape: Step2AShape
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Recipient side: remove the masks; returns (selected indices, D' raw m x k)."""
+    """Recipient side: remove the masks; returns (selected indices, D' raw m x k).
+
+    For a shape without D' among its outputs the second item is an empty m x 0 array.
+    """
+    out = unmask_all(opened, words, shape)
+    reduced = out.reduced if out.reduced is not None else np.zeros((shape.m, 0), np.int64)
+    return out.indices, reduced
+
+
+@dataclass(frozen=True)
+class Unmasked:
+    indices: np.ndarray  # k selected column indices, best first
+    reduced: np.ndarray | None  # m x k raw D', if revealed
+    model: np.ndarray | None  # the model's words (ppfs.step2b.split_model_words), if trained
+
+
+def unmask_all(opened: np.ndarray, words: np.ndarray, shape: Step2AShape) -> Unmasked:
+    """Recipient side: remove the masks and split the words by output."""
     plain = (np.asarray(opened, dtype=np.uint64) - mask_values(words)).view(np.int64)
+    if plain.shape != (shape.outputs,):
+        raise ParameterError(f"expected {shape.outputs} opened words, got {plain.size}")
     idx = plain[: shape.k]
-    reduced = plain[shape.k :].reshape(shape.m, shape.k)
-    return idx, reduced
+    pos = shape.k
+    reduced = None
+    if shape.reveal_reduced:
+        reduced = plain[pos : pos + shape.m * shape.k].reshape(shape.m, shape.k)
+        pos += shape.m * shape.k
+    model = plain[pos:] if shape.train is not None else None
+    return Unmasked(idx, reduced, model)

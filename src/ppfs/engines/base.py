@@ -6,6 +6,11 @@ party i's process that directory only:
 - ``data.shr``   ShareBundle kind "data",   shape (m, p): encoded feature values
 - ``labels.shr`` ShareBundle kind "labels", shape (m, n-1): one-hot labels (0/1)
 - ``mask.shr``   ShareBundle kind "mask",   shape (k + m*k, 2): the recipient's mask words
+
+Two ways to run: :meth:`Engine.run_step2a` launches every party on this machine (the
+embedded default); :meth:`Engine.run_party` launches one party only, as a party
+daemon does, with the peers' MPC addresses and the deployment's TLS material in a
+:class:`PartyRunSpec`. Both build on the same per-party set-up and launch steps.
 """
 
 from __future__ import annotations
@@ -53,6 +58,52 @@ class EngineRun:
     compile_seconds: float = 0.0  # compiling (or finding the cached program), not in seconds
 
 
+@dataclass(frozen=True)
+class PartyTls:
+    """One party's MPC TLS material, all issued by the deployment CA.
+
+    ``key`` stays in the party's state directory (mode 0600); the engine links or
+    copies it into the run's working directory only. The certificate's subject must
+    be :meth:`Engine.mpc_subject` for this party (MP-SPDZ and MPyC check peers by name).
+    """
+
+    key: Path
+    cert: Path
+    ca_cert: Path
+
+
+@dataclass(frozen=True)
+class PartyRunSpec:
+    """Everything one party needs to run its share of Step 2A."""
+
+    security: Security
+    shape: Step2AShape
+    party: int
+    input_dir: Path  # data.shr, labels.shr, mask.shr of this party
+    workdir: Path  # this party's working directory for this run (created, emptied)
+    peers: tuple[tuple[str, int], ...]  # MPC (host, port) per party, identical on all
+    tls: PartyTls
+    program_hash: str | None = None  # refuse to run when the own program differs
+    timeout: float | None = None  # None: the engine's default
+    bind_host: str | None = None  # listen on this address only (None: every interface)
+
+    @property
+    def name(self) -> str:
+        return PARTY_NAMES[self.party]
+
+
+@dataclass
+class PartyRunResult:
+    """One party's view of a finished run: the opened masked words and its statistics."""
+
+    party: int
+    opened: np.ndarray  # uint64, shape.outputs masked words
+    seconds: float
+    bytes_sent: int
+    exit_code: int
+    program_hash: str
+
+
 class Engine(Protocol):
     name: str
 
@@ -64,3 +115,18 @@ class Engine(Protocol):
     async def run_step2a(
         self, inputs: Step2AInputs, workdir: Path, progress: Progress | None = None
     ) -> EngineRun: ...
+
+    async def prepare(self, shape: Step2AShape, security: Security) -> str:
+        """Compile (or describe) the program for this shape; returns its SHA-256."""
+        ...
+
+    def mpc_subject(self, party: int) -> tuple[str, bool]:
+        """(common name, with DNS SAN) the party's MPC certificate must carry."""
+        ...
+
+    async def run_party(
+        self, spec: PartyRunSpec, progress: Progress | None = None
+    ) -> PartyRunResult:
+        """Run this party only. Raises EngineError naming this party on failure;
+        cancelling the call kills the party's engine process."""
+        ...

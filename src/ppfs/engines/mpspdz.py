@@ -10,14 +10,22 @@ MP-SPDZ is used as an external tool found at ``home`` (``MPSPDZ_HOME``, else
    arguments, the protocol and the MP-SPDZ compiler sources. The SHA-256 of the
    bytecode and schedule is the run's ``program_hash``; every party's working
    directory is checked to hold exactly that program before anything starts.
-2. Each party gets its own working directory ``workdir/mpspdz/P<i>`` with
-   ``Player-Data/`` (its own TLS key, generated there; its certificate, issued by a
-   fresh per-run CA; the CA's and the peers' certificates, hashed for OpenSSL's
-   lookup), ``Programs`` linked to the compiled program, its binary input file and a
-   ``HOSTS`` file of free loopback ports.
+2. Each party gets its own working directory (``workdir/mpspdz/P<i>`` embedded,
+   the job's directory in a party daemon) with ``Player-Data/`` (a link to its own
+   TLS key; its certificate, named ``P<i>`` and issued by the deployment CA — in
+   embedded mode a fresh per-run CA that is then discarded; the CA certificate,
+   hashed for OpenSSL's lookup, is the trust anchor for the peers), ``Programs``
+   linked to the compiled program, its binary input file and a ``HOSTS`` file of
+   every party's MPC address.
 3. The input file of party i is its share components in program order
    (:func:`write_party_input`); the program opens only (result + recipient's mask),
-   which party 0 writes to ``Player-Data/Binary-Output-P0-0``.
+   which every party writes to ``Player-Data/Binary-Output-P<i>-0``.
+
+:meth:`MpSpdzEngine.run_party` runs one party (a party daemon's call);
+:meth:`MpSpdzEngine.run_step2a` sets up and launches every party with the same
+per-party steps and supervises them together (first failure stops all, the
+culprit is named). Engine processes are started through
+:mod:`ppfs.engines.pdeathsig`, so they die with the process that launched them.
 
 Engine output is kept in capped files in each party's directory and never copied
 into an error message or a log: errors name the party, the exit code and a fixed
@@ -50,7 +58,10 @@ from ppfs.engines.base import (
     INPUT_FILES,
     PARTY_NAMES,
     EngineRun,
+    PartyRunResult,
+    PartyRunSpec,
     PartyStats,
+    PartyTls,
     Progress,
     Step2AInputs,
 )
@@ -106,7 +117,7 @@ def compile_args(shape: Step2AShape, security: Security) -> list[str]:
         raise ParameterError(f"MP-SPDZ does not run {security.value}")
     return [
         security.value,
-        *shape.program_args(),
+        *shape.program_args()[:5],
         str(shape.split_bits),
         str(shape.score_frac_bits),
         str(shape.int_steps),
@@ -115,6 +126,7 @@ def compile_args(shape: Step2AShape, security: Security) -> list[str]:
         str(shape.rank_bits),
         str(shape.threshold_steps),
         str(shape.threshold_bits),
+        *shape.train_args(),  # Step 2B (ppfs.step2b), only when D' is withheld or trained
     ]
 
 
@@ -386,40 +398,72 @@ class MpSpdzEngine:
         return final / "Programs", name, digest
 
     # ------------------------------------------------------------------ set-up
-    def _setup_parties(
-        self, inputs: Step2AInputs, dirs: Sequence[Path], programs: Path, name: str, digest: str
-    ) -> None:
-        security, shape = inputs.security, inputs.shape
+    async def prepare(self, shape: Step2AShape, security: Security) -> str:
+        """Compile (or find in the cache) the program; returns its bytecode SHA-256."""
+        if not self.supports(security):
+            raise EngineError(f"MP-SPDZ here does not run {security.value}")
+        _, _, digest = await self.compile(shape, security)
+        return digest
+
+    def mpc_subject(self, party: int) -> tuple[str, bool]:
+        # MP-SPDZ checks a peer's certificate for the host name "P<j>".
+        return f"P{party}", True
+
+    def _embedded_specs(
+        self, inputs: Step2AInputs, dirs: Sequence[Path]
+    ) -> list[PartyRunSpec]:
+        """Embedded mode: a fresh per-run CA signs each party's CSR; the keys are
+        generated in the parties' own directories and the CA is then discarded."""
+        security = inputs.security
         n = security.parties
         if len(inputs.party_dirs) != n or len(dirs) != n:
             raise ParameterError(f"{security.value} needs {n} party directories")
-        for d in dirs:
-            if d.exists():
-                shutil.rmtree(d)
         ca = CertificateAuthority.create("ppfs MP-SPDZ run CA")
-        certs: list[x509.Certificate] = []
-        for i, d in enumerate(dirs):
-            pdata = d / "Player-Data"
-            pdata.mkdir(parents=True)
-            csr = party_key_and_csr(pdata / f"P{i}.key", f"P{i}")
-            certs.append(ca.issue(csr))
-        public = [("ppfs-ca.pem", ca.cert)] + [(f"P{j}.pem", c) for j, c in enumerate(certs)]
+        tls_root = dirs[0].parent / "tls"
+        if tls_root.exists():
+            shutil.rmtree(tls_root)
         ports = free_ports(n)
-        hosts = "".join(f"127.0.0.1:{port}\n" for port in ports)
+        peers = tuple(("127.0.0.1", port) for port in ports)
+        specs = []
         for i, d in enumerate(dirs):
-            pdata = d / "Player-Data"
-            for fname, cert in public:
-                write_cert(pdata / fname, cert)
-                _hash_link(pdata, fname, subject_hash(cert))
-            (d / "Programs").symlink_to(programs.resolve(), target_is_directory=True)
-            (d / "HOSTS").write_text(hosts)
-            write_party_input(
-                security, shape, i, inputs.party_dirs[i], pdata / f"Input-Binary-P{i}-0"
+            own = tls_root / f"P{i}"
+            csr = party_key_and_csr(own / f"P{i}.key", self.mpc_subject(i)[0])
+            write_cert(own / f"P{i}.pem", ca.issue(csr))
+            write_cert(own / "ppfs-ca.pem", ca.cert)
+            specs.append(PartyRunSpec(
+                security=security, shape=inputs.shape, party=i,
+                input_dir=inputs.party_dirs[i], workdir=d, peers=peers,
+                tls=PartyTls(own / f"P{i}.key", own / f"P{i}.pem", own / "ppfs-ca.pem"),
+            ))
+        return specs
+
+    def _setup_party(self, spec: PartyRunSpec, programs: Path, name: str, digest: str) -> None:
+        """One party's working directory: Player-Data (its key and certificate, the
+        deployment CA, hashed for OpenSSL's lookup), the program, HOSTS and its input."""
+        i, d = spec.party, spec.workdir
+        if len(spec.peers) != spec.security.parties or not 0 <= i < spec.security.parties:
+            raise ParameterError(
+                f"{spec.security.value} needs one MPC address per party and a valid index"
             )
-        for i, d in enumerate(dirs):
-            if tree_hash(d / "Programs", name) != digest:
+        if d.exists():
+            shutil.rmtree(d)
+        pdata = d / "Player-Data"
+        pdata.mkdir(parents=True)
+        (pdata / f"P{i}.key").symlink_to(spec.tls.key.resolve())
+        for fname, path in ((f"P{i}.pem", spec.tls.cert), ("ppfs-ca.pem", spec.tls.ca_cert)):
+            cert = x509.load_pem_x509_certificate(path.read_bytes())
+            write_cert(pdata / fname, cert)
+            _hash_link(pdata, fname, subject_hash(cert))
+        (d / "Programs").symlink_to(programs.resolve(), target_is_directory=True)
+        (d / "HOSTS").write_text("".join(f"{host}:{port}\n" for host, port in spec.peers))
+        write_party_input(spec.security, spec.shape, i, spec.input_dir,
+                          pdata / f"Input-Binary-P{i}-0")
+        own = tree_hash(d / "Programs", name)
+        for expected in (digest, spec.program_hash):
+            if expected is not None and own != expected:
                 raise EngineError(
-                    f"{PARTY_NAMES[i]}'s copy of the MP-SPDZ program differs from the compiled one",
+                    f"{PARTY_NAMES[i]}'s copy of the MP-SPDZ program differs from the "
+                    "expected one",
                     party=PARTY_NAMES[i],
                 )
 
@@ -438,13 +482,15 @@ class MpSpdzEngine:
         if progress:
             progress("preparing the parties' working directories, keys and inputs")
         try:
-            await asyncio.to_thread(self._setup_parties, inputs, dirs, programs, name, digest)
+            specs = await asyncio.to_thread(self._embedded_specs, inputs, dirs)
+            for spec in specs:
+                await asyncio.to_thread(self._setup_party, spec, programs, name, digest)
             if progress:
                 progress(
                     f"starting {security.parties} MP-SPDZ parties ({PROTOCOLS[security].binary})"
                 )
             t0 = time.perf_counter()
-            parties = await self._launch(security, dirs, name)
+            parties = await self._launch(specs, name)
             if progress:
                 progress("running the secure computation")
             await self._supervise(parties)
@@ -472,34 +518,76 @@ class MpSpdzEngine:
             compile_seconds=compile_seconds,
         )
 
-    async def _launch(self, security: Security, dirs: Sequence[Path], name: str) -> list[_Party]:
-        binary = str(self._binary(security))
-        env = dict(os.environ)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            p for p in (str(self.home), env.get("LD_LIBRARY_PATH", "")) if p
-        )
+    async def _launch(self, specs: Sequence[PartyRunSpec], name: str) -> list[_Party]:
         parties: list[_Party] = []
         try:
-            for i, d in enumerate(dirs):
-                proc = await asyncio.create_subprocess_exec(
-                    binary, "-p", str(i), "--ip-file-name", "HOSTS", "-v",
-                    "-o", "no_memory_output", name,
-                    cwd=d, env=env, stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                    start_new_session=True,
-                )
-                out = _Capture(d / "stdout.log")
-                err = _Capture(d / "stderr.log")
-                drains = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
-                parties.append(_Party(i, proc, out, err, time.perf_counter(), drains))
+            for spec in specs:
+                parties.append(await self._launch_party(spec, name))
         except BaseException:
             await _stop_all(parties)
             raise
         return parties
 
-    async def _supervise(self, parties: list[_Party]) -> None:
+    async def _launch_party(self, spec: PartyRunSpec, name: str) -> _Party:
+        binary = str(self._binary(spec.security))
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(self.home), env.get("LD_LIBRARY_PATH", "")) if p
+        )
+        d = spec.workdir
+        # launched through ppfs.engines.pdeathsig: it dies with this process
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ppfs.engines.pdeathsig",
+            binary, "-p", str(spec.party), "--ip-file-name", "HOSTS", "-v",
+            "-o", "no_memory_output", name,
+            cwd=d, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        out = _Capture(d / "stdout.log")
+        err = _Capture(d / "stderr.log")
+        drains = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
+        return _Party(spec.party, proc, out, err, time.perf_counter(), drains)
+
+    async def run_party(
+        self, spec: PartyRunSpec, progress: Progress | None = None
+    ) -> PartyRunResult:
+        """Run this party only (a party daemon's call): set up, launch, watch, read
+        its own copy of the opened words. Cancelling kills the party's process."""
+        security, shape = spec.security, spec.shape
+        if not self.supports(security):
+            raise EngineError(f"MP-SPDZ here does not run {security.value}")
+        programs, name, digest = await self.compile(shape, security, progress)
+        timeout = spec.timeout if spec.timeout is not None else self.timeout
+        if progress:
+            progress("preparing the working directory and input")
+        try:
+            await asyncio.to_thread(self._setup_party, spec, programs, name, digest)
+            if progress:
+                progress(f"starting MP-SPDZ party {spec.party} ({PROTOCOLS[security].binary})")
+            t0 = time.perf_counter()
+            party = await self._launch_party(spec, name)
+            if progress:
+                progress("running the secure computation")
+            await self._supervise([party], timeout)
+            opened = read_party_output(output_file(spec.workdir, spec.party), spec.party, shape)
+        finally:
+            _remove_share_copies([spec.workdir], first=spec.party)
+        if progress:
+            progress("secure computation done")
+        return PartyRunResult(
+            party=spec.party,
+            opened=opened,
+            seconds=time.perf_counter() - t0,
+            bytes_sent=_bytes_sent(bytes(party.err.kept)),
+            exit_code=party.proc.returncode or 0,
+            program_hash=digest,
+        )
+
+    async def _supervise(self, parties: list[_Party], timeout: float | None = None) -> None:
+        timeout = self.timeout if timeout is None else timeout
         waits = {asyncio.ensure_future(p.proc.wait()): p for p in parties}
-        deadline = time.perf_counter() + self.timeout
+        deadline = time.perf_counter() + timeout
         failed: _Party | None = None
         try:
             pending = set(waits)
@@ -507,7 +595,7 @@ class MpSpdzEngine:
                 remaining = deadline - time.perf_counter()
                 if remaining <= 0:
                     raise EngineError(
-                        f"the MP-SPDZ run exceeded its time limit of {self.timeout:g} s"
+                        f"the MP-SPDZ run exceeded its time limit of {timeout:g} s"
                     )
                 done, pending = await asyncio.wait(
                     pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
@@ -590,9 +678,9 @@ async def _stop_all(parties: Sequence[_Party]) -> None:
             await asyncio.wait_for(p.drains, 10)
 
 
-def _remove_share_copies(dirs: Sequence[Path]) -> None:
+def _remove_share_copies(dirs: Sequence[Path], first: int = 0) -> None:
     """Delete the engine's copies of share data (input files; memory dumps if any)."""
-    for i, d in enumerate(dirs):
+    for i, d in enumerate(dirs, start=first):
         pdata = d / "Player-Data"
         for f in [pdata / f"Input-Binary-P{i}-0", *pdata.glob("Memory-*")]:
             with contextlib.suppress(FileNotFoundError):

@@ -6,6 +6,12 @@ files), starts the parties as ``python -m ppfs.engines.mpyc_party`` and watches
 them. Each party's TLS key is generated in its own directory; the per-run CA
 signs the certificates and is then discarded.
 
+:meth:`MpycEngine.run_party` runs one party only (a party daemon's call): its
+``.config`` links to the daemon's MPC key, its certificate (CN ``MPyC party i``,
+no DNS SAN) and the deployment CA. Every party receives the opened (masked) words
+and writes them to ``opened.u64`` in its own directory. The program "hash" of MPyC
+(:func:`program_hash`) covers the worker's source, the MPyC version and the shape.
+
 Failure handling: when a party exits non-zero the engine kills the others and
 raises :class:`~ppfs.errors.EngineError` naming that party; when the run exceeds
 its time limit all are killed. Worker output is kept in capped files next to the
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -32,10 +39,21 @@ from typing import Any
 import numpy as np
 
 import ppfs
-from ppfs.engines.base import PARTY_NAMES, EngineRun, PartyStats, Progress, Step2AInputs
+from ppfs.engines import mpyc_party
+from ppfs.engines.base import (
+    PARTY_NAMES,
+    EngineRun,
+    PartyRunResult,
+    PartyRunSpec,
+    PartyStats,
+    PartyTls,
+    Progress,
+    Step2AInputs,
+)
 from ppfs.engines.mpyc_party import (
     DEFAULT_CHUNK,
     EXIT_BAD_JOB,
+    EXIT_OK,
     EXIT_PEER_LOST,
     EXIT_TIMEOUT,
     JOB_VERSION,
@@ -76,6 +94,17 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def program_hash(shape: Step2AShape, security: Security) -> str:
+    """SHA-256 over the worker's source, the MPyC version and the public parameters."""
+    h = hashlib.sha256()
+    h.update(Path(mpyc_party.__file__).read_bytes())
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        h.update(b"\0mpyc " + importlib.metadata.version("mpyc").encode())
+    h.update(b"\0" + security.value.encode() + b"\0")
+    h.update(json.dumps(shape.to_dict(), sort_keys=True).encode())  # incl. what is opened
+    return h.hexdigest()
 
 
 @dataclass
@@ -150,6 +179,18 @@ class MpycEngine:
     def supports(self, security: Security) -> bool:
         return security in SUPPORTED
 
+    async def prepare(self, shape: Step2AShape, security: Security) -> str:
+        """MPyC has nothing to compile: the hash describes the worker program (its
+        source and the MPyC version) and the run's public parameters."""
+        if not self.supports(security):
+            raise EngineUnavailableError(f"engine mpyc does not support {security.value}")
+        return program_hash(shape, security)
+
+    def mpc_subject(self, party: int) -> tuple[str, bool]:
+        # MPyC checks a peer by the host name "MPyC party <j>", matched against the CN:
+        # a certificate with a DNS SAN would hide the CN from that check.
+        return f"MPyC party {party}", False
+
     async def run_step2a(
         self, inputs: Step2AInputs, workdir: Path, progress: Progress | None = None
     ) -> EngineRun:
@@ -163,8 +204,9 @@ class MpycEngine:
 
         root = Path(workdir) / "mpyc"
         dirs = [root / f"P{i}" for i in range(n)]
-        output_path = dirs[0] / "opened.u64"
-        self._prepare(inputs, dirs, output_path, timeout)
+        specs = self._embedded_specs(inputs, dirs)
+        for spec in specs:
+            self._prepare_party(spec, timeout)
         if progress:
             progress(f"mpyc: starting {n} parties ({security.value})")
         t0 = time.monotonic()
@@ -174,7 +216,7 @@ class MpycEngine:
                 workers.append(await self._launch(i, d))
             await self._watch(workers, t0 + timeout, progress)
             seconds = time.monotonic() - t0
-            opened = self._read_output(output_path, shape)
+            opened = self._read_output(dirs[0] / "opened.u64", shape, 0)
             stats = [self._party_stats(w) for w in workers]
         finally:
             await self._stop(workers)
@@ -186,44 +228,105 @@ class MpycEngine:
             seconds=seconds,
             bytes_sent=sum(s.bytes_sent for s in stats),
             parties=stats,
+            program_hash=program_hash(shape, security),
+        )
+
+    async def run_party(
+        self, spec: PartyRunSpec, progress: Progress | None = None
+    ) -> PartyRunResult:
+        """Run this party only (a party daemon's call). Cancelling kills its worker."""
+        security, shape = spec.security, spec.shape
+        if not self.supports(security):
+            raise EngineUnavailableError(f"engine mpyc does not support {security.value}")
+        digest = program_hash(shape, security)
+        if spec.program_hash is not None and spec.program_hash != digest:
+            raise EngineError(
+                f"{spec.name}'s MPyC program differs from the expected one", party=spec.name
+            )
+        timeout = spec.timeout
+        if timeout is None:
+            timeout = self.timeout if self.timeout is not None else default_timeout(
+                shape, security.parties)
+        await asyncio.to_thread(self._prepare_party, spec, timeout)
+        if progress:
+            progress(f"mpyc: starting party {spec.party} ({security.value})")
+        t0 = time.monotonic()
+        workers: list[_Worker] = []
+        try:
+            workers.append(await self._launch(spec.party, spec.workdir))
+            await self._watch(workers, t0 + timeout, progress)
+            seconds = time.monotonic() - t0
+            opened = self._read_output(spec.workdir / "opened.u64", shape, spec.party)
+            stats = self._party_stats(workers[0])
+        finally:
+            await self._stop(workers)
+        if progress:
+            progress(f"mpyc: done in {seconds:.1f} s")
+        return PartyRunResult(
+            party=spec.party, opened=opened, seconds=seconds, bytes_sent=stats.bytes_sent,
+            exit_code=EXIT_OK, program_hash=digest,
         )
 
     # -- preparation -----------------------------------------------------------
 
-    def _prepare(self, inputs: Step2AInputs, dirs: list[Path], output_path: Path,
-                 timeout: float) -> None:
-        shape, security = inputs.shape, inputs.security
+    def _embedded_specs(self, inputs: Step2AInputs, dirs: list[Path]) -> list[PartyRunSpec]:
+        """Embedded mode: a fresh per-run CA signs each party's CSR (the key is made in
+        the party's own directory), then the CA is discarded."""
         ports = free_ports(len(dirs), self.bind_host)
-        addresses = [[self.bind_host, port] for port in ports]
+        peers = tuple((self.bind_host, port) for port in ports)
         ca = CertificateAuthority.create("ppfs MPyC run CA")
+        specs = []
         for i, d in enumerate(dirs):
             cfg = d / ".config"
             cfg.mkdir(parents=True, exist_ok=True)
-            for stale in ("status.txt", "result.json", "opened.u64", "worker.pid"):
-                (d / stale).unlink(missing_ok=True)
-            csr = party_key_and_csr(cfg / f"party_{i}.key", f"MPyC party {i}")
-            write_cert(cfg / f"party_{i}.crt", ca.issue(csr, dns_san=False))
+            cn, dns_san = self.mpc_subject(i)
+            csr = party_key_and_csr(cfg / f"party_{i}.key", cn)
+            write_cert(cfg / f"party_{i}.crt", ca.issue(csr, dns_san=dns_san))
             (cfg / "mpyc_ca.crt").write_bytes(ca.cert_pem())
-            job: dict[str, Any] = {
-                "version": JOB_VERSION,
-                "party": i,
-                "security": security.value,
-                "shape": {
-                    "m": shape.m, "p": shape.p, "n_classes": shape.n_classes,
-                    "k": shape.k, "value_bits": shape.value_bits,
-                },
-                "addresses": addresses,
-                "bind_host": self.bind_host,
-                "input_dir": str(Path(inputs.party_dirs[i]).resolve()),
-                "status_path": str((d / "status.txt").resolve()),
-                "result_path": str((d / "result.json").resolve()),
-                "output_path": str(output_path.resolve()) if i == 0 else None,
-                "start_timeout": self.start_timeout,
-                "timeout": timeout + 30.0,  # the engine's limit acts first
-                "chunk": self.chunk,
-                "ssl": True,
-            }
-            (d / "job.json").write_text(json.dumps(job, indent=1))
+            specs.append(PartyRunSpec(
+                security=inputs.security, shape=inputs.shape, party=i,
+                input_dir=inputs.party_dirs[i], workdir=d, peers=peers,
+                tls=PartyTls(cfg / f"party_{i}.key", cfg / f"party_{i}.crt",
+                             cfg / "mpyc_ca.crt"),
+                bind_host=self.bind_host,
+            ))
+        return specs
+
+    def _prepare_party(self, spec: PartyRunSpec, timeout: float) -> None:
+        """The party's working directory: ./.config (its TLS key, certificate and the
+        CA, where MPyC looks for them) and job.json (public parameters only)."""
+        i, d, shape = spec.party, spec.workdir, spec.shape
+        if len(spec.peers) != spec.security.parties or not 0 <= i < spec.security.parties:
+            raise ParameterError(
+                f"{spec.security.value} needs one MPC address per party and a valid index"
+            )
+        cfg = d / ".config"
+        cfg.mkdir(parents=True, exist_ok=True)
+        for stale in ("status.txt", "result.json", "opened.u64", "worker.pid"):
+            (d / stale).unlink(missing_ok=True)
+        for src, fname in ((spec.tls.key, f"party_{i}.key"), (spec.tls.cert, f"party_{i}.crt"),
+                           (spec.tls.ca_cert, "mpyc_ca.crt")):
+            target = cfg / fname
+            if target.resolve() != src.resolve():
+                target.unlink(missing_ok=True)
+                target.symlink_to(src.resolve())
+        job: dict[str, Any] = {
+            "version": JOB_VERSION,
+            "party": i,
+            "security": spec.security.value,
+            "shape": shape.to_dict(),  # incl. Step 2B's parameters and the D' flag
+            "addresses": [[host, port] for host, port in spec.peers],
+            "bind_host": spec.bind_host,
+            "input_dir": str(Path(spec.input_dir).resolve()),
+            "status_path": str((d / "status.txt").resolve()),
+            "result_path": str((d / "result.json").resolve()),
+            "output_path": str((d / "opened.u64").resolve()),
+            "start_timeout": self.start_timeout,
+            "timeout": timeout + 30.0,  # the engine's limit acts first
+            "chunk": self.chunk,
+            "ssl": True,
+        }
+        (d / "job.json").write_text(json.dumps(job, indent=1))
 
     async def _launch(self, i: int, d: Path) -> _Worker:
         env = dict(os.environ)
@@ -343,13 +446,14 @@ class MpycEngine:
     # -- results -----------------------------------------------------------------
 
     @staticmethod
-    def _read_output(path: Path, shape: Step2AShape) -> np.ndarray:
+    def _read_output(path: Path, shape: Step2AShape, party: int) -> np.ndarray:
+        name = PARTY_NAMES[party]
         try:
             blob = path.read_bytes()
         except OSError:
-            raise EngineError("MPyC party Alice produced no output", party="Alice") from None
+            raise EngineError(f"MPyC party {name} produced no output", party=name) from None
         if len(blob) != 8 * shape.outputs:
-            raise EngineError("the MPyC output has the wrong length", party="Alice")
+            raise EngineError("the MPyC output has the wrong length", party=name)
         return np.frombuffer(blob, dtype="<u8").astype(np.uint64)
 
     @staticmethod

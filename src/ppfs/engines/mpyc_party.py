@@ -17,8 +17,8 @@ What the party does, in order:
    ``q in {0, 1}`` of the sum, so no comparison is needed.
 2. Runs the algorithm of :mod:`ppfs.step2a` exactly (:func:`select_top_k`).
 3. Opens only ``value + mask`` with ``mask = w0 + 2^60 * w1`` (the recipient's
-   shared mask words), to party 0 alone, which writes the opened words mod 2^64 as
-   raw little-endian uint64 to the output path.
+   shared mask words) to every party; each writes the opened words mod 2^64 as raw
+   little-endian uint64 to its output path.
 
 Nothing travels between the parties through pickle: MPyC's marshalling is replaced
 by :class:`RawWire` (fixed-width raw buffers). Share values and opened words are
@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from ppfs import step2b
 from ppfs.errors import PpfsError, ShareFormatError
 from ppfs.sharing import Scheme, ShareBundle
 from ppfs.step2a import MASK_WORD_BITS, RING_BITS, Security, Step2AShape, bitlen
@@ -110,11 +111,7 @@ class PartyJob:
             if raw.get("version") != JOB_VERSION:
                 raise JobError("unsupported job file version")
             security = Security(raw["security"])
-            sh = raw["shape"]
-            shape = Step2AShape(
-                int(sh["m"]), int(sh["p"]), int(sh["n_classes"]), int(sh["k"]),
-                int(sh["value_bits"]),
-            )
+            shape = Step2AShape.from_dict(raw["shape"])
             addresses = tuple((str(h), int(p)) for h, p in raw["addresses"])
             out = raw.get("output_path")
             job = cls(
@@ -533,20 +530,111 @@ async def select_top_k(
     sel = rt.np_sgn(offsets, l=bitlen(p) + 1, EQ=True)  # (p, k)
     idx = (sel * np.arange(p, dtype=object).reshape(p, 1)).sum(axis=0)
     reduced = x @ sel  # (m, k)
-    values = rt.np_concatenate([idx, reduced.reshape(-1)])
+    parts = [idx]
+    if sh.reveal_reduced:
+        parts.append(reduced.reshape(-1))
+    if sh.train is not None:
+        # Step 2B on D' and the labels as they are here (ppfs.step2b)
+        status.phase("training")
+        alpha_full, beta = await train_logistic(rt, secint, sh, reduced, theta, sel, lab)
+        parts += [alpha_full.reshape(-1), beta]
+    values = parts[0] if len(parts) == 1 else rt.np_concatenate(parts)
 
-    # Open value + mask to party 0 only.
+    # Open value + mask to every party (each hands its copy to the recipient).
     status.phase("opening masked outputs")
     masks = words[:, 0] + words[:, 1] * (1 << MASK_WORD_BITS)
-    opened = await rt.output(values + masks, receivers=[0], raw=True)
-    if rt.pid != 0:
-        return None
+    opened = await rt.output(values + masks, raw=True)
     modulus = int(secint.field.modulus)
     half = modulus // 2
     ints = [int(v) % modulus for v in opened.value.reshape(-1)]
     return np.array(
         [((v - modulus) if v > half else v) & _MASK64 for v in ints], dtype=np.uint64
     )
+
+
+async def _settle(rt: Any, secint: Any, a: Any) -> Any:
+    """Evaluate a lazy secure array now (bounds MPyC's graph and memory)."""
+    return secint.array(await rt.gather(a))
+
+
+def _trunc(rt: Any, a: Any, f: int) -> Any:
+    """a / 2^f rounded down or up at random, |a| < 2^62 (as MP-SPDZ's trunc_pr)."""
+    return rt.np_trunc(a, f=f, l=step2b.TRUNC_BITS) if f else a
+
+
+async def train_logistic(
+    rt: Any, secint: Any, sh: Step2AShape, reduced: Any, theta: Any, sel: Any, lab: Any,
+) -> tuple[Any, Any]:
+    """Step 2B (:mod:`ppfs.step2b`) on secret D' (m x k): returns (T alpha, beta)."""
+    c, params = sh.train_constants(), sh.train
+    assert c is not None and params is not None
+    m, k, nm, f = sh.m, sh.k, c.n_models, c.frac
+    one = 1 << f
+    emax, inv = step2b.E_MAX, step2b.INV_SHIFT
+
+    # 1.-3. centres, pre-shifted centred values, W = sum c^2 + m
+    mu = await _settle(rt, secint, (theta - 1) @ sel)  # (k,)
+    ch = await _settle(rt, secint, _trunc(rt, reduced - mu.reshape(1, k), c.preshift))
+    w = (ch * ch).sum(axis=0) + m
+    # 4. P30 = 2^(30-E) = 2^30 - sum_t [W >= 4^t] 2^(30-t); v, Newton, g, kappa
+    pow4 = np.array([4**t for t in range(1, emax + 1)], dtype=object).reshape(emax, 1)
+    pow2 = np.array([1 << (emax - t) for t in range(1, emax + 1)], dtype=object)
+    ge = 1 - rt.np_sgn((w.reshape(1, k) - pow4).reshape(-1), l=step2b.TRUNC_BITS, LT=True)
+    p30 = await _settle(rt, secint, (1 << emax) - pow2 @ ge.reshape(emax, k))
+    v = _trunc(rt, w * p30 * p30, 2 * emax + 2 - f)
+    y = c.y0_a - _trunc(rt, v * c.y0_b, f)
+    for _ in range(step2b.NEWTON_STEPS):
+        vy2 = _trunc(rt, v * _trunc(rt, y * y, f), f)
+        y = _trunc(rt, y * (3 * one - vy2), f + 1)
+    g = await _settle(rt, secint, _trunc(rt, y * c.sqrt_m, f))
+    kappa = g * p30
+    # 5. z, targets, the public batch order
+    z = await _settle(rt, secint, _trunc(rt, ch * kappa.reshape(1, k), inv))
+    if sh.n_classes == 2:
+        t = (1 - lab[:, 0]).reshape(m, 1) * one
+    else:
+        rest = (1 - lab.sum(axis=1)).reshape(m, 1)
+        t = rt.np_concatenate([lab, rest], axis=1) * one
+    perm = np.asarray(step2b.row_permutation(m, params.seed), dtype=np.int64)
+    zp = z[perm]
+    tp = await _settle(rt, secint, t[perm])
+
+    def sigmoid(u: Any) -> Any:
+        n = u.shape
+        flat = u.reshape(-1)
+        le = 1 - rt.np_sgn(rt.np_concatenate([cut - flat for cut in c.cuts]),
+                           l=step2b.SIGMOID_BITS, LT=True)
+        size = flat.shape[0]
+        lin = _trunc(rt, rt.np_concatenate([flat * c.slopes[0], flat * c.slopes[1]]), f)
+        l0, l1, l2, l3 = (le[i * size:(i + 1) * size] for i in range(4))
+        lin1, lin2 = lin[:size], lin[size:]
+        s = (c.tail * l0 + (lin1 + c.offsets[0]) * (l1 - l0)
+             + (lin2 + c.offsets[1]) * (l2 - l1) + (lin1 + c.offsets[2]) * (l3 - l2)
+             + (one - c.tail) * (1 - l3))
+        return s.reshape(n)
+
+    weights = secint.array(np.zeros((k, nm), dtype=object))
+    inter = secint.array(np.zeros(nm, dtype=object))
+    batches = [(i * c.batch, c.batch, c.eta_full) for i in range(c.full_batches)]
+    if c.last_batch:
+        batches.append((c.full_batches * c.batch, c.last_batch, c.eta_last))
+    for _ in range(c.epochs):
+        for start, size, eta in batches:
+            zb, tb = zp[start:start + size], tp[start:start + size]
+            u = _trunc(rt, zb @ weights, f) + inter.reshape(1, nm)
+            err = sigmoid(u) - tb
+            grad_w = _trunc(rt, zb.T @ err, f)
+            grad_b = err.sum(axis=0)
+            weights = await _settle(rt, secint,
+                                    weights - _trunc(rt, grad_w * eta, step2b.ETA_FRAC))
+            inter = await _settle(rt, secint,
+                                  inter - _trunc(rt, grad_b * eta, step2b.ETA_FRAC))
+    # the model in original units, expanded to all p columns by T
+    mant = _trunc(rt, weights * g.reshape(k, 1), f)
+    alpha = _trunc(rt, mant * p30.reshape(k, 1), c.preshift)
+    ratio = _trunc(rt, _trunc(rt, mu, c.preshift) * p30 * g, inv)
+    beta = inter - _trunc(rt, weights * ratio.reshape(k, 1), f).sum(axis=0)
+    return sel @ alpha, beta
 
 
 def _batch(chunk: int, bits: int) -> int:

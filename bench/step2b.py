@@ -1,0 +1,140 @@
+"""Benchmark of Step 2B: training runtime and communication beside Step 2A's.
+
+For the shapes of the paper's data sets (synthetic data of each shape) and each
+security setting, two secure runs of the same program family:
+
+- Step 2A alone with D' withheld (only the selection is opened);
+- Step 2A + Step 2B in one program, training only (D' withheld, the selection and the
+  model opened).
+
+The training cost is their difference. Each trained model is checked against the
+plaintext fixed-point oracle (ppfs.step2b.mirror) within ppfs.step2b.weight_tolerance.
+
+    .venv/bin/python bench/step2b.py [--engine mp-spdz] [--settings passive-3pc,...]
+        [--datasets CogLoad,LSVT,SPEED] [--write bench/results/step2b.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import PAPER, machine_description
+
+from ppfs import step2b
+from ppfs.engines.registry import default_engine_name, get_engine
+from ppfs.fixedpoint import FixedPoint
+from ppfs.local import Selection, run_select
+from ppfs.step2a import Security
+from ppfs.step2b import TrainParams
+from ppfs.synthetic import make_table
+from ppfs.table import LabelledTable
+
+# The hyperparameters bench/accuracy.py uses for each data set (see its docstring).
+PARAMS = {
+    "CogLoad": TrainParams(epochs=20, batch=32, lr=0.5),
+    "LSVT": TrainParams(epochs=20, batch=32, lr=0.5),
+    "SPEED": TrainParams(epochs=2, batch=64, lr=0.5),
+}
+
+
+def oracle_gap(sel: Selection, table: LabelledTable, k: int, params: TrainParams) -> tuple[
+        float, float]:
+    """(largest |w_MPC - w_oracle| in standardised units, the tolerance)."""
+    fp = FixedPoint()
+    raw = fp.encode(table.x, fp.choose_exponents(table.x, table.columns), table.columns)
+    ref = step2b.mirror(raw[:, sel.indices], table.y, table.n_classes, fp.value_bits, params)
+    assert sel.model_words is not None
+    alpha_full, _ = step2b.split_model_words(sel.model_words, table.p, table.n_classes)
+    c = step2b.constants(table.m, k, table.n_classes, fp.value_bits, params)
+    w_mpc = alpha_full[sel.indices].astype(float) * 2.0**c.preshift \
+        / ref.kappa.astype(float)[:, None]
+    w_ref = ref.weights.astype(float) / 2**c.frac
+    tol = step2b.weight_tolerance(ref.steps, params, k,
+                                  float(np.abs(ref.z.astype(float)).max()) / 2**c.frac,
+                                  float(np.abs(w_ref).max()))
+    return float(np.abs(w_mpc - w_ref).max()), tol
+
+
+def run(table: LabelledTable, k: int, sec: Security, engine: str,
+        params: TrainParams | None) -> tuple[Selection, float]:
+    with tempfile.TemporaryDirectory(prefix="ppfs-bench-") as tmp:
+        t0 = time.monotonic()
+        sel = asyncio.run(run_select(table, k, sec, get_engine(engine), Path(tmp),
+                                     train=params, reveal_reduced=False))
+        return sel, time.monotonic() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", default=None)
+    ap.add_argument("--settings", default="passive-3pc,active-4pc,active-3pc")
+    ap.add_argument("--datasets", default="CogLoad,LSVT,SPEED")
+    ap.add_argument("--write", type=Path, default=None)
+    args = ap.parse_args()
+    engine = args.engine or default_engine_name()
+    settings = [Security(s) for s in args.settings.split(",")]
+    wanted = set(args.datasets.split(","))
+    header = ("| data set | m x p, k | epochs, batch, lr | SGD steps | setting "
+              "| Step 2A (s) | 2A + 2B (s) | training (s) | Step 2A (MB) | 2A + 2B (MB) "
+              "| training (MB) | compile 2A + 2B (s) | max weight gap / tolerance |")
+    sep = "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    print(header)
+    print(sep)
+    rows = []
+    for ds in PAPER:
+        if ds.name not in wanted:
+            continue
+        table = make_table(ds.m, ds.p, seed=1)
+        params = PARAMS[ds.name]
+        c = step2b.constants(ds.m, ds.k, 2, 32, params)
+        steps = params.epochs * (c.full_batches + (1 if c.last_batch else 0))
+        for sec in settings:
+            plain, _ = run(table, ds.k, sec, engine, None)
+            trained, _ = run(table, ds.k, sec, engine, params)
+            gap, tol = oracle_gap(trained, table, ds.k, params)
+            a_s, b_s = plain.run.seconds, trained.run.seconds
+            a_mb, b_mb = plain.run.bytes_sent / 1e6, trained.run.bytes_sent / 1e6
+            row = (f"| {ds.name} | {ds.m} x {ds.p}, {ds.k} | {params.epochs}, {params.batch}, "
+                   f"{params.lr} | {steps} | {sec.value} | {a_s:.2f} | {b_s:.2f} | "
+                   f"{b_s - a_s:.2f} | {a_mb:.0f} | {b_mb:.0f} | {b_mb - a_mb:.0f} | "
+                   f"{trained.run.compile_seconds:.1f} | {gap:.2e} / {tol:.2e} "
+                   f"{'ok' if gap <= tol else 'OVER'} |")
+            print(row, flush=True)
+            rows.append(row)
+    if args.write:
+        text = [
+            "# Step 2B benchmark: logistic regression inside MPC",
+            "",
+            f"Machine: {machine_description()}. Engine: {engine}.",
+            "",
+            "Synthetic data of each paper data set's shape (two classes). Step 2A: the "
+            "selection alone, D' withheld (so it differs from step2a.md, which also opens the "
+            "m x k entries of D'). 2A + 2B: one program that selects, standardises, trains "
+            "and opens only the selection and the model. Training = the difference. Times "
+            "are MPC times (launch to exit of the "
+            "last party), MB the total sent by all parties. Compile: compiling the 2A + 2B "
+            "program once per protocol and shape (cached afterwards; 0 when it was cached). "
+            "The hyperparameters are those bench/accuracy.py uses per data set. Last column: "
+            "largest difference between the secure weights and the plaintext fixed-point "
+            "oracle's, in standardised units, against the tolerance of "
+            "ppfs.step2b.weight_tolerance.",
+            "",
+            header,
+            sep,
+            *rows,
+            "",
+        ]
+        args.write.write_text("\n".join(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,435 @@
+"""Step 2B: logistic regression trained inside MPC on D', stated once for every engine.
+
+Step 2B runs in the same secure program as Step 2A, on D' and the labels exactly as
+Step 2A leaves them (nothing is persisted in between). Both engines implement the
+integer algorithm below on secret shares; :func:`mirror` runs it in the clear. The
+only difference is rounding: the engines truncate probabilistically (a / 2^f rounded
+down or up, at random), the mirror rounds down. The tests bound the effect (see
+:func:`weight_tolerance`).
+
+Every value is an integer; "fixed point with F bits" means the integer round(v * 2^F).
+F = ``TrainParams.frac_bits`` (16). trunc(a, f) = a / 2^f rounded (down in the mirror).
+
+Standardisation (D' columns carry secret power-of-two scales; standardising makes
+them drop out). For each selected column r, with x the m encoded values:
+
+1. Centre: mu = floor(S / m) (S the column sum; Step 2A already computed it for every
+   column, the selected ones are picked by T). c = x - mu is an exact integer,
+   |c| < 2^V. (The centred column's mean, (S mod m)/m < 1 unit, is left to the intercept.)
+2. Pre-shift: c^ = trunc(c, s) with the public s = max(0, V - floor((61 - bitlen(m)) / 2)),
+   so that U = sum c^2 < 2^61 fits the 64-bit ring (s = 5, 7, 9 bits for the paper's
+   shapes with V = 32). A column encoded up to the owner's target 2^23 keeps 14 to 18
+   significant bits in c^; only a column whose spread is tiny against its largest
+   value loses precision here, and then only in how well it is scaled: the model
+   reported in original units uses the same sigma, so it stays consistent.
+3. Spread: W = U + m, i.e. sigma^2 = W / m = U / m + 1 in units of 2^s encoding units
+   (the + 1 keeps a constant column invertible; there c^ = 0, so its weight stays 0).
+4. Inverse square root without division: E = #{t in 1..30 : W >= 4^t} (30 comparisons
+   per column) gives 4^E <= W < 4^(E+1); v = trunc(W * 4^(30-E), 62 - F) lies in
+   [1/4, 1); y = 1/sqrt(v) by y0 = 2.13 - 1.21 v (relative error <= 0.088) and three
+   Newton steps y <- y (3 - v y^2) / 2 (relative error 7e-8, far below 2^-F).
+   Then 1/sigma = sqrt(m) * y * 2^-(E+1): g = trunc(y * round(sqrt(m) 2^F), F) and
+   kappa = g * 2^(30-E) = 2^(F+31) / sigma. The secret power of two is linear in the
+   comparison bits b_t (telescoping: 2^(30-E) = 2^30 - sum_t b_t 2^(30-t)): exact, no
+   further comparison.
+5. z = trunc(c^ * kappa, 31): the standardised value with F bits, |z| <= sqrt(m).
+
+Training: one model per class against the rest (one model for two classes: class 1
+against class 0), all updated together. A public permutation of the rows from the
+job's seed (:func:`row_permutation`, affine: i -> (a i + b) mod m) is applied once;
+each epoch then visits the rows in that order in batches of B (the last batch of an
+epoch may be smaller). Per batch of size b, for all models at once (W: k x n_models
+weights, w0 intercepts, t targets in {0, 2^F}):
+
+    u = trunc(Z_b W, F) + w0
+    e = sig(u) - t
+    grad = [trunc(Z_b^T e, F) ; colsum(e)]
+    [W ; w0] -= trunc(grad * eta_b, 20),   eta_b = round(lr / b * 2^20)
+
+sig is MP-SPDZ's five-piece linear approximation (``ml.approx_sigmoid(n=5)``), with its
+constants rounded to F bits: 1e-4 below -5; 0.02776 u + 0.145 on [-5, -2.5);
+0.17 u + 0.5 on [-2.5, 2.5]; 0.02776 u + 0.85498 on (2.5, 5]; 1 - 1e-4 above 5. The
+pieces are selected by the comparisons [u <= cut] (4 per value, 48 bits).
+
+Output in the original units (only to the model owner, masked like all outputs):
+alpha_r = w_r / sigma_r per encoding unit, with ALPHA_FRAC = F + 31 fractional bits:
+alpha = trunc(trunc(w * g, F) * 2^(30-E), s); the intercept
+beta = w0 - sum_r trunc(w_r * ratio_r, F) with ratio = mu / sigma =
+trunc(trunc(mu, s) * 2^(30-E) * g, 31) (F bits). The weights are expanded to all p
+columns by T (zero for the columns not selected): alpha_full = T alpha. The recipient,
+who knows the selected columns and their public exponents e_j, gets the weight per
+real unit as alpha_j * 2^(f + e_j - ALPHA_FRAC) and the intercept as beta * 2^-F.
+
+Range assumptions (documented limits, all far from the paper's data): |w| < 2^10 in
+standardised units, |mu / sigma| < 2^15, m < 2^20, k < 2^9. Every truncation then acts
+on a value below 2^62 (bit length 63); comparisons of u use 48 bits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ppfs.errors import ParameterError
+
+if TYPE_CHECKING:
+    from ppfs.fixedpoint import FixedPoint
+
+SIGMOID = "piecewise5"  # MP-SPDZ ml.approx_sigmoid(n=5)
+ETA_FRAC = 20  # fractional bits of the per-batch learning rate lr / b
+INV_SHIFT = 31  # kappa = 2^(F + INV_SHIFT) / sigma
+E_MAX = 30  # W < 2^62 = 4^31
+NEWTON_STEPS = 3
+TRUNC_BITS = 63  # every truncated value stays below 2^62
+SIGMOID_BITS = 48  # bit length of the comparisons u <= cut
+# sigmoid pieces: cuts and (slope, offset) in real numbers; rounded to F bits
+SIGMOID_CUTS = (-5.0, -2.5, 2.5, 5.0)
+SIGMOID_TAIL = 1e-4
+SIGMOID_SLOPES = (0.02776, 0.17)
+SIGMOID_OFFSETS = (0.145, 0.5, 0.85498)
+Y0 = (2.13, 1.21)  # 1/sqrt(v) ~ 2.13 - 1.21 v on [1/4, 1)
+
+
+def splitmix64(state: int) -> tuple[int, int]:
+    """One step of SplitMix64: (new state, output)."""
+    mask = (1 << 64) - 1
+    state = (state + 0x9E3779B97F4A7C15) & mask
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return state, z ^ (z >> 31)
+
+
+def permutation_coefficients(m: int, seed: int) -> tuple[int, int]:
+    """(a, b) of the public batch order i -> (a i + b) mod m, gcd(a, m) = 1.
+
+    a starts near 0.618 m (consecutive positions come from rows far apart, which
+    mixes data sorted by class), moved by the seed and up to the next unit mod m.
+    """
+    if m == 1:
+        return 1, 0
+    _, r1 = splitmix64(seed)
+    _, r2 = splitmix64(r1)
+    a = (int(0.6180339887 * m) + r1 % max(1, m // 8)) % m or 1
+    while math.gcd(a, m) != 1:
+        a = a % m + 1
+    return a, r2 % m
+
+
+def row_permutation(m: int, seed: int) -> list[int]:
+    """The public batch order: position i of every epoch holds row (a i + b) mod m.
+
+    Public and independent of the data: it reveals nothing. The engines compute the
+    same affine map from (a, b) (:func:`permutation_coefficients`).
+    """
+    a, b = permutation_coefficients(m, seed)
+    return [(a * i + b) % m for i in range(m)]
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """Public hyperparameters of Step 2B. Travel with the job; recorded in its result."""
+
+    epochs: int = 10
+    batch: int = 32
+    lr: float = 0.5
+    seed: int = 0
+    frac_bits: int = 16
+    sigmoid: str = SIGMOID
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.epochs <= 10_000:
+            raise ParameterError(f"epochs must be in [1, 10000], got {self.epochs}")
+        if self.batch < 1:
+            raise ParameterError(f"batch size must be positive, got {self.batch}")
+        if not 0.0 < self.lr <= 4.0 or not math.isfinite(self.lr):
+            raise ParameterError(f"learning rate must be in (0, 4], got {self.lr}")
+        if not 12 <= self.frac_bits <= 20:
+            raise ParameterError(f"training fractional bits must be in [12, 20], "
+                                 f"got {self.frac_bits}")
+        if not 0 <= self.seed < 1 << 63:
+            raise ParameterError("the batch-order seed must be in [0, 2^63)")
+        if self.sigmoid != SIGMOID:
+            raise ParameterError(f"unsupported sigmoid approximation {self.sigmoid!r}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"epochs": self.epochs, "batch": self.batch, "lr": self.lr, "seed": self.seed,
+                "frac_bits": self.frac_bits, "sigmoid": self.sigmoid}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainParams:
+        return cls(int(d["epochs"]), int(d["batch"]), float(d["lr"]), int(d["seed"]),
+                   int(d["frac_bits"]), str(d["sigmoid"]))
+
+
+@dataclass(frozen=True)
+class TrainConstants:
+    """Everything the engines need, derived once from (m, k, V, n, params)."""
+
+    m: int
+    k: int
+    n_models: int
+    frac: int
+    preshift: int
+    sqrt_m: int
+    epochs: int
+    batch: int  # effective: min(batch, m)
+    full_batches: int
+    last_batch: int  # 0 if m is a multiple of the batch size
+    eta_full: int
+    eta_last: int
+    perm_a: int
+    perm_b: int
+    y0_a: int
+    y0_b: int
+    cuts: tuple[int, ...]
+    tail: int
+    slopes: tuple[int, ...]
+    offsets: tuple[int, ...]
+
+    @property
+    def alpha_frac(self) -> int:
+        return self.frac + INV_SHIFT
+
+    def program_args(self) -> list[int]:
+        """The compile-time arguments of the MP-SPDZ program's Step 2B part, in order.
+
+        All non-negative (compile.py would read a leading '-' as an option): the cuts
+        are symmetric, so only the positive two are passed.
+        """
+        assert self.cuts[0] == -self.cuts[3] and self.cuts[1] == -self.cuts[2]
+        return [self.n_models, self.frac, self.preshift, self.sqrt_m, self.epochs,
+                self.batch, self.full_batches, self.last_batch, self.eta_full,
+                self.eta_last, self.perm_a, self.perm_b, self.y0_a, self.y0_b, self.cuts[2],
+                self.cuts[3],
+                self.tail, *self.slopes, *self.offsets]
+
+
+def n_models(n_classes: int) -> int:
+    return 1 if n_classes == 2 else n_classes
+
+
+def preshift(m: int, value_bits: int) -> int:
+    return max(0, value_bits - (61 - int(m).bit_length()) // 2)
+
+
+def constants(m: int, k: int, n_classes: int, value_bits: int,
+              params: TrainParams) -> TrainConstants:
+    f = params.frac_bits
+    b = min(params.batch, m)
+    full, last = divmod(m, b)
+    perm_a, perm_b = permutation_coefficients(m, params.seed)
+
+    def fx(v: float) -> int:
+        return round(v * (1 << f))
+
+    return TrainConstants(
+        m=m, k=k, n_models=n_models(n_classes), frac=f, preshift=preshift(m, value_bits),
+        sqrt_m=fx(math.sqrt(m)), epochs=params.epochs, batch=b, full_batches=full,
+        last_batch=last, eta_full=round(params.lr / b * (1 << ETA_FRAC)),
+        eta_last=round(params.lr / last * (1 << ETA_FRAC)) if last else 0,
+        perm_a=perm_a, perm_b=perm_b, y0_a=fx(Y0[0]), y0_b=fx(Y0[1]),
+        cuts=tuple(fx(c) for c in SIGMOID_CUTS), tail=fx(SIGMOID_TAIL),
+        slopes=tuple(fx(s) for s in SIGMOID_SLOPES),
+        offsets=tuple(fx(o) for o in SIGMOID_OFFSETS),
+    )
+
+
+# ------------------------------------------------------------------ the mirror
+
+
+def trunc(a: Any, f: int) -> Any:
+    """a / 2^f rounded down (object arrays of Python ints, or an int)."""
+    return a >> f if f else a
+
+
+def sigmoid_fx(u: np.ndarray, c: TrainConstants) -> np.ndarray:
+    """The five-piece sigmoid on fixed-point integers (object array)."""
+    one = 1 << c.frac
+    le = [np.vectorize(lambda v, cut=cut: int(v <= cut), otypes=[object])(u) for cut in c.cuts]
+    lin1 = trunc(u * c.slopes[0], c.frac)
+    lin2 = trunc(u * c.slopes[1], c.frac)
+    pieces = [c.tail, lin1 + c.offsets[0], lin2 + c.offsets[1], lin1 + c.offsets[2],
+              one - c.tail]
+    sel = [le[0], le[1] - le[0], le[2] - le[1], le[3] - le[2], 1 - le[3]]
+    out: np.ndarray = sum(s * pc for s, pc in zip(sel, pieces, strict=True))
+    return out
+
+
+def targets(y: np.ndarray, n_classes: int, frac: int) -> np.ndarray:
+    """(m, n_models) targets in {0, 2^F}: class 1 for two classes, else one per class."""
+    t = (y == 1)[:, None] if n_classes == 2 else y[:, None] == np.arange(n_classes)[None, :]
+    return (t.astype(np.int64) << frac).astype(object)
+
+
+@dataclass(frozen=True)
+class TrainReference:
+    mu: np.ndarray  # (k,) integer centres
+    exponent: np.ndarray  # (k,) E
+    kappa: np.ndarray  # (k,) 2^(F+31) / sigma (sigma in units of 2^s)
+    z: np.ndarray  # (m, k) standardised values, F bits
+    weights: np.ndarray  # (k, n_models) standardised weights, F bits
+    intercepts: np.ndarray  # (n_models,) F bits
+    alpha: np.ndarray  # (k, n_models) weight per encoding unit, ALPHA_FRAC bits
+    beta: np.ndarray  # (n_models,) intercept in original units, F bits
+    ratio: np.ndarray  # (k,) mu / sigma, F bits
+    steps: int
+
+
+def standardise(reduced: np.ndarray, c: TrainConstants, value_bits: int) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Steps 1-5: returns (mu, E, g, kappa, z) as object arrays."""
+    m = c.m
+    f = c.frac
+    x = np.asarray(reduced).astype(object)
+    mu = x.sum(axis=0) // m
+    ch = trunc(x - mu[None, :], c.preshift)
+    w = (ch * ch).sum(axis=0) + m
+    e = np.array([sum(int(wr >= 4**t) for t in range(1, E_MAX + 1)) for wr in w], dtype=object)
+    p30 = np.array([1 << (E_MAX - int(er)) for er in e], dtype=object)
+    v = trunc(w * p30 * p30, 2 * E_MAX + 2 - f)
+    y = c.y0_a - trunc(c.y0_b * v, f)
+    for _ in range(NEWTON_STEPS):
+        vy2 = trunc(v * trunc(y * y, f), f)
+        y = trunc(y * (3 * (1 << f) - vy2), f + 1)
+    g = trunc(y * c.sqrt_m, f)
+    kappa = g * p30
+    z = trunc(ch * kappa[None, :], INV_SHIFT)
+    return mu, e, g, kappa, z
+
+
+def mirror(reduced: np.ndarray, y: np.ndarray, n_classes: int, value_bits: int,
+           params: TrainParams) -> TrainReference:
+    """Step 2B in the clear on D' (raw encoded values, m x k) and the labels."""
+    m, k = reduced.shape
+    c = constants(m, k, n_classes, value_bits, params)
+    f = c.frac
+    mu, e, g, kappa, z = standardise(reduced, c, value_bits)
+    t = targets(np.asarray(y), n_classes, f)
+    perm = row_permutation(m, params.seed)
+    zp, tp = z[perm], t[perm]
+    weights = np.zeros((k, c.n_models), dtype=object)
+    inter = np.zeros(c.n_models, dtype=object)
+    steps = 0
+    batches = [(i * c.batch, c.batch, c.eta_full) for i in range(c.full_batches)]
+    if c.last_batch:
+        batches.append((c.full_batches * c.batch, c.last_batch, c.eta_last))
+    for _ in range(c.epochs):
+        for start, size, eta in batches:
+            zb, tb = zp[start:start + size], tp[start:start + size]
+            u = trunc(zb.dot(weights), f) + inter[None, :]
+            err = sigmoid_fx(u, c) - tb
+            grad_w = trunc(zb.T.dot(err), f)
+            grad_b = err.sum(axis=0)
+            weights = weights - trunc(grad_w * eta, ETA_FRAC)
+            inter = inter - trunc(grad_b * eta, ETA_FRAC)
+            steps += 1
+    p30 = np.array([1 << (E_MAX - int(er)) for er in e], dtype=object)
+    mant = trunc(weights * g[:, None], f)
+    alpha = trunc(mant * p30[:, None], c.preshift)
+    ratio = trunc(trunc(mu, c.preshift) * p30 * g, INV_SHIFT)
+    beta = inter - trunc(weights * ratio[:, None], f).sum(axis=0)
+    return TrainReference(mu=mu, exponent=e, kappa=kappa, z=z, weights=weights,
+                          intercepts=inter, alpha=alpha, beta=beta, ratio=ratio, steps=steps)
+
+
+# ------------------------------------------------------------------ the model
+
+
+@dataclass(frozen=True)
+class Model:
+    """What the model owner learns: weights per real unit for all p columns."""
+
+    classes: tuple[str, ...]
+    columns: tuple[str, ...]
+    weights: np.ndarray  # (n_models, p), zero for the columns not selected
+    intercepts: np.ndarray  # (n_models,)
+    params: TrainParams
+
+    def decision(self, x: np.ndarray) -> np.ndarray:
+        """(m, n_models) linear scores u = x w + b in original units."""
+        return np.asarray(x, dtype=np.float64) @ self.weights.T + self.intercepts[None, :]
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Class indices: u >= 0 for two classes (sig(0) = 1/2), else argmax over models."""
+        u = self.decision(x)
+        if u.shape[1] == 1:
+            return (u[:, 0] >= 0).astype(np.int64)
+        return np.argmax(u, axis=1).astype(np.int64)
+
+    def accuracy(self, x: np.ndarray, y: np.ndarray) -> float:
+        return float(np.mean(self.predict(x) == np.asarray(y)))
+
+    def to_json(self) -> dict[str, Any]:
+        names = [f"class {self.classes[1]} vs {self.classes[0]}"] if len(self.classes) == 2 \
+            else [f"class {c} vs rest" for c in self.classes]
+        models = [
+            {"target": names[i],
+             "weights": {col: float(w) for col, w in zip(self.columns, self.weights[i],
+                                                         strict=True)},
+             "intercept": float(self.intercepts[i])}
+            for i in range(self.weights.shape[0])
+        ]
+        out: dict[str, Any] = {
+            "kind": "logistic-regression",
+            "multiclass": "binary" if len(self.classes) == 2 else "one-vs-rest",
+            "classes": list(self.classes),
+            "sigmoid": self.params.sigmoid,
+            "epochs": self.params.epochs, "batch": self.params.batch, "lr": self.params.lr,
+            "seed": self.params.seed, "frac_bits": self.params.frac_bits,
+        }
+        out["models"] = models
+        return out
+
+
+def model_outputs(p: int, n_classes: int) -> int:
+    """Opened words of the model: alpha_full (p x n_models, row-major), then intercepts."""
+    return n_models(n_classes) * (p + 1)
+
+
+def split_model_words(plain: np.ndarray, p: int, n_classes: int) -> tuple[np.ndarray,
+                                                                        np.ndarray]:
+    """(alpha_full (p, n_models), beta (n_models,)) from the unmasked int64 words."""
+    nm = n_models(n_classes)
+    words = np.asarray(plain, dtype=np.int64)
+    return words[: p * nm].reshape(p, nm), words[p * nm: p * nm + nm]
+
+
+def decode_model(alpha_full: np.ndarray, beta: np.ndarray, exponents: np.ndarray,
+                 fp: FixedPoint, params: TrainParams, columns: tuple[str, ...],
+                 classes: tuple[str, ...]) -> Model:
+    """The recipient's side: weights per real unit from the opened fixed-point words."""
+    alpha_frac = params.frac_bits + INV_SHIFT
+    shift = (fp.frac_bits + np.asarray(exponents, dtype=np.int64) - alpha_frac).astype(np.int32)
+    w = np.ldexp(np.asarray(alpha_full, dtype=np.float64), shift[:, None])  # (p, nm)
+    b = np.ldexp(np.asarray(beta, dtype=np.float64), -params.frac_bits)
+    return Model(classes=classes, columns=columns, weights=w.T.copy(), intercepts=b,
+                 params=params)
+
+
+def weight_tolerance(steps: int, params: TrainParams, k: int, z_max: float,
+                     w_max: float) -> float:
+    """Bound on |w_MPC - w_mirror| (standardised units) from rounding alone.
+
+    Each probabilistic truncation in MPC differs from the mirror's (rounding down) by
+    at most one unit 2^-F. The standardisation puts at most a few units into each z
+    (kappa carries the Newton steps' and g's errors, relative 2^-(F-3); z's own
+    truncation one unit). Per SGD step, for one weight:
+
+    - the update's two truncations (gradient, then times eta): 2 units;
+    - the forward pass: u = z.w + w0 differs by at most (k + 1) * (1 + w_max) units
+      (one unit from its truncation, k z-errors times |w|), which moves sig by at
+      most 0.17 times that (the largest slope); the gradient averages b such terms
+      times |z| <= z_max and is scaled by lr: lr * 0.17 * z_max * (k + 1) * (1 + w_max).
+
+    The SGD map w -> w - eta grad(w) is non-expansive for the step sizes used
+    (eta * 0.17 * |z|^2 < 2), so the per-step differences add at most linearly:
+    steps * per_step units. A piece of the sigmoid that flips at u = +-5 (where the
+    approximation jumps by 0.006) adds lr * 0.006 * z_max; one flip is allowed for.
+    """
+    unit = 2.0 ** -params.frac_bits
+    per_step = 2 + params.lr * 0.17 * z_max * (k + 1) * (1 + w_max)
+    return steps * per_step * unit + params.lr * 0.006 * z_max

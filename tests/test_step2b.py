@@ -1,0 +1,292 @@
+"""Step 2B: logistic regression inside MPC against the fixed-point SGD oracle.
+
+The oracle (:func:`ppfs.step2b.mirror`) runs the engines' integer algorithm in the
+clear, rounding down where the engines truncate probabilistically; the weights are
+compared in standardised units within :func:`ppfs.step2b.weight_tolerance` (its
+docstring derives the bound). The oracle itself is checked against a floating-point
+SGD with the same sigmoid, batch order and standardisation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ppfs import step2b
+from ppfs.cli import main
+from ppfs.engines.mpspdz import MpSpdzEngine, compile_args
+from ppfs.engines.mpyc_engine import MpycEngine
+from ppfs.engines.registry import mpspdz_home
+from ppfs.errors import ParameterError
+from ppfs.fixedpoint import FixedPoint
+from ppfs.local import Selection, prepare_inputs, run_select
+from ppfs.step2a import Security, Step2AShape, mirror, unmask_all
+from ppfs.step2b import TrainParams
+from ppfs.synthetic import make_table
+from ppfs.table import LabelledTable, read_csv
+
+_reason = MpSpdzEngine(mpspdz_home()).unavailable_reason()
+needs_mpspdz = pytest.mark.skipif(_reason is not None, reason=f"MP-SPDZ not available: {_reason}")
+SETTINGS = [Security.PASSIVE_3PC, Security.ACTIVE_3PC, Security.ACTIVE_4PC]
+
+
+def _encoded(table: LabelledTable, fp: FixedPoint) -> tuple[np.ndarray, np.ndarray]:
+    exps = fp.choose_exponents(table.x, table.columns)
+    return fp.encode(table.x, exps, table.columns), exps
+
+
+def _float_sgd(x: np.ndarray, y: np.ndarray, n_classes: int,
+               params: TrainParams) -> tuple[np.ndarray, np.ndarray]:
+    """Real-valued SGD: same standardisation (population std), sigmoid and batch order."""
+    m = x.shape[0]
+    z = (x - x.mean(axis=0)) / x.std(axis=0)
+    t = step2b.targets(y, n_classes, 0).astype(float)
+    perm = step2b.row_permutation(m, params.seed)
+    z, t = z[perm], t[perm]
+    w = np.zeros((x.shape[1], t.shape[1]))
+    b = np.zeros(t.shape[1])
+
+    def sig(u: np.ndarray) -> np.ndarray:
+        return np.select([u <= -5, u <= -2.5, u <= 2.5, u <= 5],
+                         [np.full_like(u, 1e-4), 0.02776 * u + 0.145, 0.17 * u + 0.5,
+                          0.02776 * u + 0.85498], 1 - 1e-4)
+
+    bs = min(params.batch, m)
+    for _ in range(params.epochs):
+        for s in range(0, m, bs):
+            zb, tb = z[s:s + bs], t[s:s + bs]
+            e = sig(zb @ w + b) - tb
+            w -= params.lr / len(e) * zb.T @ e
+            b -= params.lr / len(e) * e.sum(axis=0)
+    return w, b
+
+
+# ------------------------------------------------------------------ no MPC needed
+
+
+def test_row_permutation_is_a_fixed_permutation() -> None:
+    perm = step2b.row_permutation(1000, 7)
+    assert sorted(perm) == list(range(1000))
+    assert perm == step2b.row_permutation(1000, 7)
+    assert perm != step2b.row_permutation(1000, 8)
+    assert step2b.row_permutation(1, 3) == [0]
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_oracle_matches_real_valued_sgd(n_classes: int) -> None:
+    table = make_table(300, 6, n_classes=n_classes, seed=4)
+    fp = FixedPoint()
+    raw, _ = _encoded(table, fp)
+    params = TrainParams(epochs=4, batch=16, lr=0.5)
+    ref = step2b.mirror(raw, table.y, n_classes, fp.value_bits, params)
+    zf = (table.x - table.x.mean(axis=0)) / table.x.std(axis=0)
+    # centring on floor(mean) shifts z by < 1 unit / sigma; sigma^2 = U/m + 1 unit^2
+    assert np.abs(ref.z.astype(float) / 2**16 - zf).max() < 2e-3
+    w, b = _float_sgd(table.x, table.y, n_classes, params)
+    assert np.abs(ref.weights.astype(float) / 2**16 - w).max() < 0.02
+    assert np.abs(ref.intercepts.astype(float) / 2**16 - b).max() < 0.02
+
+
+def test_standardisation_removes_the_column_scale() -> None:
+    table = make_table(200, 4, seed=5)
+    fp = FixedPoint()
+    raw, _ = _encoded(table, fp)
+    c = step2b.constants(200, 4, 2, 32, TrainParams())
+    z1 = step2b.standardise(raw, c, 32)[4].astype(float)
+    z2 = step2b.standardise(raw >> np.array([0, 1, 2, 3]), c, 32)[4].astype(float)
+    assert np.abs(z1 - z2).max() / 2**16 < 0.01
+
+
+def test_decoded_model_reproduces_the_standardised_scores() -> None:
+    table = make_table(120, 5, n_classes=3, seed=6)
+    fp = FixedPoint()
+    raw, exps = _encoded(table, fp)
+    params = TrainParams(epochs=3, batch=10)
+    sel = np.array([4, 1, 2])
+    ref = step2b.mirror(raw[:, sel], table.y, 3, fp.value_bits, params)
+    full = np.zeros((5, 3), dtype=np.int64)
+    full[sel] = ref.alpha.astype(np.int64)
+    model = step2b.decode_model(full, ref.beta.astype(np.int64), exps, fp, params,
+                                table.columns, table.classes)
+    u_std = (ref.z.astype(float) @ ref.weights.astype(float)) / 2**32 \
+        + ref.intercepts.astype(float) / 2**16
+    np.testing.assert_allclose(model.decision(table.x), u_std, atol=5e-3)
+    assert np.all(model.weights[:, [0, 3]] == 0)
+    doc = model.to_json()
+    assert doc["multiclass"] == "one-vs-rest" and len(doc["models"]) == 3
+    assert set(doc["models"][0]["weights"]) == set(table.columns)
+
+
+def test_shape_outputs_and_program_args() -> None:
+    params = TrainParams(epochs=2, batch=8)
+    plain = Step2AShape(50, 6, 3, 2)
+    assert plain.train_args() == [] and plain.outputs == 2 + 100
+    trained = Step2AShape(50, 6, 3, 2, train=params)
+    assert trained.outputs == 2 + 100 + 3 * 7
+    withheld = Step2AShape(50, 6, 2, 2, reveal_reduced=False, train=params)
+    assert withheld.outputs == 2 + 7
+    assert Step2AShape(50, 6, 2, 2, reveal_reduced=False).outputs == 2
+    for shape in (trained, withheld):
+        assert Step2AShape.from_dict(json.loads(json.dumps(shape.to_dict()))) == shape
+        args = compile_args(shape, Security.ACTIVE_3PC)
+        assert args[:6] == ["active-3pc", *shape.program_args()[:5]]
+        assert args[14:] == shape.train_args()
+        assert all(a.isdigit() for a in args[1:])  # compile.py reads '-' as an option
+    assert len(trained.train_args()) == 2 + 22
+
+
+def test_unmask_all_splits_the_outputs() -> None:
+    shape = Step2AShape(4, 3, 2, 2, reveal_reduced=False, train=TrainParams())
+    words = np.random.default_rng(0).integers(0, 1 << 60, size=(shape.outputs, 2))
+    plain = np.arange(shape.outputs, dtype=np.int64) - 3
+    from ppfs.step2a import mask_values
+
+    opened = plain.astype(np.uint64) + mask_values(words)
+    out = unmask_all(opened, words, shape)
+    assert out.reduced is None and out.model is not None
+    np.testing.assert_array_equal(out.indices, plain[:2])
+    np.testing.assert_array_equal(out.model, plain[2:])
+
+
+@pytest.mark.parametrize("kwargs", [{"epochs": 0}, {"batch": 0}, {"lr": 0.0}, {"lr": 9.0},
+                                    {"frac_bits": 30}, {"sigmoid": "exact"}])
+def test_bad_training_parameters_are_refused(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ParameterError):
+        TrainParams(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epochs", "3"], "--epochs needs --train"),
+    (["--no-reduced"], "--no-reduced needs --train"),
+    (["--train", "--no-reduced", "--out", "x.csv"], "--out needs D'"),
+    (["--train", "--lr", "-1"], "learning rate"),
+])
+def test_cli_training_flags_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                    args: list[str], message: str) -> None:
+    p = tmp_path / "d.csv"
+    p.write_text("a,b,c,y\n" + "".join(f"{i},{i % 3},{i * i},{i % 2}\n" for i in range(20)))
+    rc = main(["select", str(p), "--label", "y", "--k", "2", *args,
+               "--workdir", str(tmp_path / "w")])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
+# ------------------------------------------------------------------ secure runs
+
+
+def _check_against_oracle(sel: Selection, table: LabelledTable, k: int,
+                          params: TrainParams) -> float:
+    """Weights and intercepts of the secure run vs the oracle; returns the largest
+    weight difference in standardised units."""
+    fp = sel.fixed_point
+    raw, _ = _encoded(table, fp)
+    ref2a = mirror(raw, table.y, Step2AShape(table.m, table.p, table.n_classes, k,
+                                             fp.value_bits))
+    np.testing.assert_array_equal(sel.indices, ref2a.selected)
+    ref = step2b.mirror(raw[:, sel.indices], table.y, table.n_classes, fp.value_bits, params)
+    assert sel.model_words is not None and sel.model is not None
+    alpha_full, beta = step2b.split_model_words(sel.model_words, table.p, table.n_classes)
+    unselected = np.setdiff1d(np.arange(table.p), sel.indices)
+    assert np.all(alpha_full[unselected] == 0)
+    c = step2b.constants(table.m, k, table.n_classes, fp.value_bits, params)
+    kappa = ref.kappa.astype(float)[:, None]
+    w_mpc = alpha_full[sel.indices].astype(float) * 2.0**c.preshift / kappa
+    w_ref = ref.weights.astype(float) / 2**c.frac
+    tol = step2b.weight_tolerance(ref.steps, params, k,
+                                  z_max=float(np.abs(ref.z.astype(float)).max()) / 2**c.frac,
+                                  w_max=float(np.abs(w_ref).max()))
+    diff = float(np.abs(w_mpc - w_ref).max())
+    assert diff <= tol, (diff, tol)
+    ratio = np.abs(ref.ratio.astype(float)).sum() / 2**c.frac
+    beta_diff = np.abs(beta.astype(float) - ref.beta.astype(float)).max() / 2**c.frac
+    assert beta_diff <= tol * (1 + ratio) + 2.0**-c.frac * k, (beta_diff, tol)
+    return diff
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+@pytest.mark.parametrize("n_classes", [2, 3])
+@pytest.mark.parametrize("security", SETTINGS, ids=lambda s: s.value)
+def test_mpspdz_training_matches_oracle(security: Security, n_classes: int,
+                                        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+                                        ) -> None:
+    table = make_table(80, 8, n_classes=n_classes, seed=3)
+    params = TrainParams(epochs=3, batch=16, lr=0.5, seed=1)
+    engine = MpSpdzEngine(mpspdz_home(), cache_dir=tmp_path_factory.getbasetemp() / "cache",
+                          timeout=300)
+    sel = asyncio.run(run_select(table, 3, security, engine, tmp_path, train=params))
+    assert sel.reduced_raw.shape == (80, 3)
+    _check_against_oracle(sel, table, 3, params)
+    assert sel.model is not None and sel.model.accuracy(table.x, table.y) > 0.5
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_mpspdz_training_only_withholds_reduced(tmp_path: Path) -> None:
+    table = make_table(50, 5, seed=9)
+    params = TrainParams(epochs=2, batch=20)  # last batch smaller (50 = 2 * 20 + 10)
+    engine = MpSpdzEngine(mpspdz_home(), timeout=300)
+    sel = asyncio.run(run_select(table, 2, Security.PASSIVE_3PC, engine, tmp_path,
+                                 train=params, reveal_reduced=False))
+    assert sel.run.opened.shape == (2 + 6,)
+    assert sel.reduced_raw.shape == (50, 0)
+    _check_against_oracle(sel, table, 2, params)
+
+
+@pytest.mark.parametrize(("security", "n_classes"),
+                         [(Security.PASSIVE_3PC, 2), (Security.PASSIVE_4PC, 3)],
+                         ids=["passive-3pc-binary", "passive-4pc-3class"])
+def test_mpyc_training_matches_oracle(security: Security, n_classes: int,
+                                      tmp_path: Path) -> None:
+    table = make_table(30, 4, n_classes=n_classes, seed=2)
+    params = TrainParams(epochs=1, batch=12, lr=0.5)  # batches of 12, 12, 6
+    sel = asyncio.run(run_select(table, 2, security, MpycEngine(timeout=300), tmp_path,
+                                 train=params, reveal_reduced=n_classes == 2))
+    _check_against_oracle(sel, table, 2, params)
+
+
+def test_training_only_inputs_have_one_mask_per_output(tmp_path: Path) -> None:
+    table = make_table(20, 3, seed=1)
+    params = TrainParams(epochs=1, batch=5)
+    prep = prepare_inputs(table, 1, Security.PASSIVE_3PC, tmp_path, train=params,
+                          reveal_reduced=False)
+    assert prep.inputs.shape.outputs == 1 + (3 + 1)  # the index, then p weights + intercept
+    assert prep.mask_words.shape == (prep.inputs.shape.outputs, 2)
+
+
+def test_cli_train_json(tmp_path: Path) -> None:
+    """`ppfs select --train --json` on the engine found here; the owner's accuracy."""
+    p = tmp_path / "d.csv"
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(40):
+        cls = i % 2
+        rows.append(f"{rng.normal() + 2 * cls},{rng.normal()},{1e6 * rng.normal()},{cls}\n")
+    p.write_text("a,b,c,y\n" + "".join(rows))
+    engine = [] if _reason is None else ["--engine", "mpyc"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ppfs.cli", "select", str(p), "--label", "y", "--k", "2",
+         "--train", "--epochs", "2", "--batch", "20", "--json", *engine],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout)
+    model = res["model"]
+    assert model["multiclass"] == "binary" and model["epochs"] == 2
+    weights = model["models"][0]["weights"]
+    assert set(weights) == {"a", "b", "c"}
+    unselected = {"a", "b", "c"} - set(res["selected"])
+    assert all(weights[c] == 0.0 for c in unselected)
+    assert "a" in res["selected"] and weights["a"] > 0
+    t = read_csv(p, "y")
+    x = t.x
+    u = x @ np.array([weights[c] for c in t.columns]) + model["models"][0]["intercept"]
+    assert res["train_accuracy"] == pytest.approx(float(np.mean((u >= 0) == t.y)))
+    assert res["train_accuracy"] > 0.7
