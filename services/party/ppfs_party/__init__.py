@@ -1,1 +1,1 @@
-"""(under construction)"""
+"""The party daemon: one computing server (Alice, Bob, Carol or Dave) behind ppfs.v1.PartyService."""

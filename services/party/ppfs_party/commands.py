@@ -1,0 +1,158 @@
+"""`ppfs party ...` and `ppfs pki ...`: the party daemon's command line.
+
+    ppfs pki init  --ca-dir CA                       # the deployment CA (operator)
+    ppfs party init --state-dir S --index I          # keys + certificate requests
+    ppfs pki sign  --ca-dir CA --state-dir S         # CA signs the party's requests
+    ppfs pki client --ca-dir CA --name gateway --out DIR   # a control-plane client
+    ppfs party add-owner --state-dir S --owner-id ID --public-key HEX
+    ppfs party serve --state-dir S --index I --listen HOST:PORT --mpc-port P ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from ppfs.engines.base import PARTY_NAMES
+from ppfs.errors import PpfsError
+from ppfs.pki import CertificateAuthority
+from ppfs_party.config import DEFAULT_MAX_UPLOAD, PartySettings
+from ppfs_party.keys import issue_client_identity, load_ca, save_ca, sign_party_requests
+from ppfs_party.state import open_state
+from ppfs_party.store import register_owner
+
+
+def add_commands(subparsers: Any) -> None:
+    party = subparsers.add_parser("party", help="run and administer a party daemon")
+    psub = party.add_subparsers(dest="party_command", required=True)
+
+    serve = psub.add_parser("serve", help="run the party daemon (gRPC, mutual TLS)")
+    _state_args(serve)
+    serve.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT",
+                       help="control-plane address (port 0: any free port)")
+    serve.add_argument("--tls-name", default=None,
+                       help="control-plane certificate name (default: the party's name)")
+    serve.add_argument("--mpc-host", default="127.0.0.1",
+                       help="where peers reach this party's engine")
+    serve.add_argument("--mpc-port", type=int, default=14000,
+                       help="this party's engine port (one run at a time)")
+    serve.add_argument("--mpc-bind-host", default=None,
+                       help="engine listens on this address only (default: every interface)")
+    serve.add_argument("--engine", action="append", choices=["mp-spdz", "mpyc"], default=None,
+                       help="offer this engine (repeatable; default: every usable one)")
+    serve.add_argument("--max-upload-bytes", type=int, default=DEFAULT_MAX_UPLOAD)
+    serve.add_argument("--job-timeout", type=float, default=None,
+                       help="engine time limit per run in seconds")
+    serve.add_argument("--port-file", type=Path, default=None,
+                       help="write the bound control-plane port to this file")
+    serve.add_argument("--mpspdz-cache", type=Path, default=None,
+                       help="compiled MP-SPDZ programs (default: STATE/cache/mpspdz)")
+    serve.set_defaults(func=_serve)
+
+    init = psub.add_parser("init", help="create the party's keys and certificate requests")
+    _state_args(init)
+    init.add_argument("--tls-name", default=None)
+    init.set_defaults(func=_init)
+
+    owner = psub.add_parser("add-owner", help="register a data owner's Ed25519 public key")
+    owner.add_argument("--state-dir", type=Path, required=True)
+    owner.add_argument("--owner-id", required=True)
+    owner.add_argument("--public-key", required=True, metavar="HEX")
+    owner.set_defaults(func=_add_owner)
+
+    if "pki" in getattr(subparsers, "choices", {}):
+        return
+    pki = subparsers.add_parser("pki", help="the deployment CA: create it, sign requests")
+    ksub = pki.add_subparsers(dest="pki_command", required=True)
+    ca_init = ksub.add_parser("init", help="create the deployment CA (key stays in CA_DIR)")
+    ca_init.add_argument("--ca-dir", type=Path, required=True)
+    ca_init.set_defaults(func=_pki_init)
+    sign = ksub.add_parser("sign", help="sign a party's certificate requests")
+    sign.add_argument("--ca-dir", type=Path, required=True)
+    sign.add_argument("--state-dir", type=Path, required=True)
+    sign.set_defaults(func=_pki_sign)
+    client = ksub.add_parser("client", help="key and certificate for a control-plane client")
+    client.add_argument("--ca-dir", type=Path, required=True)
+    client.add_argument("--name", default="gateway")
+    client.add_argument("--out", type=Path, required=True)
+    client.set_defaults(func=_pki_client)
+
+
+def _state_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", type=Path, required=True,
+                   help="keys, certificates, uploads, jobs and the audit log")
+    p.add_argument("--index", type=int, required=True, choices=range(len(PARTY_NAMES)),
+                   help="0 Alice, 1 Bob, 2 Carol, 3 Dave")
+
+
+def _settings(args: argparse.Namespace) -> PartySettings:
+    kwargs: dict[str, Any] = {"state_dir": args.state_dir, "index": args.index,
+                              "tls_name": args.tls_name}
+    if getattr(args, "listen", None) is not None:
+        kwargs.update(
+            listen=args.listen, mpc_host=args.mpc_host, mpc_port_base=args.mpc_port,
+            mpc_bind_host=args.mpc_bind_host, max_upload_bytes=args.max_upload_bytes,
+            job_timeout=args.job_timeout, port_file=args.port_file,
+            mpspdz_cache=args.mpspdz_cache,
+        )
+        if args.engine:
+            kwargs["engines"] = tuple(args.engine)
+    return PartySettings(**kwargs)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from ppfs_party.server import serve
+
+    try:
+        asyncio.run(serve(_settings(args)))
+    except (PpfsError, OSError) as exc:
+        print(f"ppfs party serve: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    state = open_state(_settings(args))
+    print(json.dumps({
+        "party": state.settings.name,
+        "box_public_key": bytes(state.keys.box.public_key).hex(),
+        "signing_public_key": bytes(state.keys.signing.verify_key).hex(),
+        "certificate_requests": sorted(str(p) for p in (args.state_dir / "csr").glob("*.csr")),
+    }, indent=1))
+    return 0
+
+
+def _add_owner(args: argparse.Namespace) -> int:
+    register_owner(args.state_dir, args.owner_id, bytes.fromhex(args.public_key))
+    return 0
+
+
+def _pki_init(args: argparse.Namespace) -> int:
+    if (args.ca_dir / "ca.key").exists():
+        print(f"ppfs: error: a CA exists already in {args.ca_dir}", file=sys.stderr)
+        return 2
+    save_ca(CertificateAuthority.create(), args.ca_dir)
+    print(str(args.ca_dir / "ca.pem"))
+    return 0
+
+
+def _pki_sign(args: argparse.Namespace) -> int:
+    for name in sign_party_requests(load_ca(args.ca_dir), args.state_dir):
+        print(f"signed {name}")
+    return 0
+
+
+def _pki_client(args: argparse.Namespace) -> int:
+    ca = load_ca(args.ca_dir)
+    _, cert = issue_client_identity(ca, args.name, args.out / f"{args.name}.key")
+    (args.out / f"{args.name}.pem").write_bytes(cert)
+    (args.out / "ca.pem").write_bytes(ca.cert_pem())
+    print(str(args.out / f"{args.name}.pem"))
+    return 0

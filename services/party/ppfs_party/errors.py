@@ -1,0 +1,82 @@
+"""Party errors, and the one place where domain errors become gRPC status codes.
+
+Every message here is safe to send to a client: it names the problem, never a
+share, a key or engine output. Anything not listed becomes INTERNAL with the
+fixed message "Internal server error." (the details go to the party's log only).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from ppfs.errors import (
+    EngineError,
+    EngineUnavailableError,
+    InputDataError,
+    IntegrityError,
+    ParameterError,
+    PpfsError,
+    ShareFormatError,
+)
+from ppfs.upload import UploadRejected
+
+INTERNAL_MESSAGE = "Internal server error."
+
+
+class PartyError(PpfsError):
+    """Base of the errors only the party daemon raises."""
+
+
+class NotFoundError(PartyError):
+    """No such dataset, upload or job on this party."""
+
+
+class UploadReplayedError(UploadRejected):
+    """This upload (or its manifest) was received before."""
+
+
+class UploadUnauthorizedError(UploadRejected):
+    """The manifest is not signed by a data owner registered with this party."""
+
+
+class UploadTooLargeError(UploadRejected):
+    """The sealed part exceeds this party's size limit."""
+
+
+class JobConflictError(PartyError):
+    """The job id is taken, or the job is not in a state that allows the call."""
+
+
+class DescriptionMismatchError(ParameterError):
+    """The job description's hash differs from the one the caller sent."""
+
+
+class NotReadyError(PartyError):
+    """The party's certificates have not been installed yet (``ppfs pki sign``)."""
+
+
+# Most specific first: the first class in an error's MRO found here decides.
+_STATUS: dict[type[BaseException], grpc.StatusCode] = {
+    NotFoundError: grpc.StatusCode.NOT_FOUND,
+    UploadReplayedError: grpc.StatusCode.ALREADY_EXISTS,
+    UploadUnauthorizedError: grpc.StatusCode.PERMISSION_DENIED,
+    UploadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    JobConflictError: grpc.StatusCode.FAILED_PRECONDITION,
+    NotReadyError: grpc.StatusCode.FAILED_PRECONDITION,
+    EngineUnavailableError: grpc.StatusCode.FAILED_PRECONDITION,
+    IntegrityError: grpc.StatusCode.DATA_LOSS,
+    EngineError: grpc.StatusCode.ABORTED,
+    UploadRejected: grpc.StatusCode.INVALID_ARGUMENT,
+    ShareFormatError: grpc.StatusCode.INVALID_ARGUMENT,
+    ParameterError: grpc.StatusCode.INVALID_ARGUMENT,
+    InputDataError: grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """(status code, safe message) for ``exc``; unexpected errors say nothing."""
+    for cls in type(exc).__mro__:
+        code = _STATUS.get(cls)
+        if code is not None:
+            return code, str(exc)[:500]
+    return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE

@@ -1,0 +1,179 @@
+"""A party's identity: its keys, made on first start in its own state directory.
+
+Private keys (mode 0600) never leave ``<state>/keys``:
+
+- ``box.key``      X25519 (PyNaCl): opens the sealed parts data owners upload
+- ``signing.key``  Ed25519: signs this party's result parts
+- ``control.key``  control-plane TLS (gRPC, mutual TLS with the gateway)
+- ``mpc-<engine>.key``  engine TLS towards the other parties, one per engine
+  (MP-SPDZ checks peers by the name ``P<i>``, MPyC by ``MPyC party <i>``)
+
+For each TLS key the party writes a certificate request to ``<state>/csr``. The
+deployment CA signs them (:func:`sign_party_requests`, ``ppfs pki sign``) and writes
+the certificates and its own to ``<state>/certs``: only public material crosses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from nacl.public import PrivateKey
+from nacl.signing import SigningKey
+
+from ppfs.engines.base import Engine
+from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
+from ppfs_party.errors import NotReadyError
+
+CONTROL = "control"
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _mpc(engine: str) -> str:
+    return f"mpc-{engine}"
+
+
+@dataclass(frozen=True)
+class CertRequest:
+    """What the CA needs to sign one of a party's requests."""
+
+    name: str  # control, mpc-mp-spdz, mpc-mpyc
+    dns_san: bool
+
+
+@dataclass
+class PartyKeys:
+    state_dir: Path
+    box: PrivateKey
+    signing: SigningKey
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.state_dir / "keys"
+
+    @property
+    def certs_dir(self) -> Path:
+        return self.state_dir / "certs"
+
+    def key_path(self, name: str) -> Path:
+        return self.keys_dir / f"{name}.key"
+
+    def cert_path(self, name: str) -> Path:
+        return self.certs_dir / f"{name}.pem"
+
+    @property
+    def ca_path(self) -> Path:
+        return self.certs_dir / "ca.pem"
+
+    def mpc_key(self, engine: str) -> Path:
+        return self.key_path(_mpc(engine))
+
+    def mpc_cert(self, engine: str) -> Path:
+        return self.cert_path(_mpc(engine))
+
+    def control_material(self) -> tuple[bytes, bytes, bytes]:
+        """(key PEM, certificate PEM, CA PEM) of the control plane."""
+        paths = (self.key_path(CONTROL), self.cert_path(CONTROL), self.ca_path)
+        if not all(p.is_file() for p in paths):
+            raise NotReadyError(
+                "the control-plane certificate is not installed: run `ppfs pki sign`"
+            )
+        key, cert, ca = (p.read_bytes() for p in paths)
+        return key, cert, ca
+
+    def public_pem(self, name: str) -> bytes:
+        p = self.cert_path(name)
+        return p.read_bytes() if p.is_file() else b""
+
+
+def load_or_create(
+    state_dir: Path, index: int, control_name: str, engines: dict[str, Engine]
+) -> PartyKeys:
+    """Load the party's keys, making whatever is missing (first start)."""
+    keys = state_dir / "keys"
+    csr_dir = state_dir / "csr"
+    keys.mkdir(parents=True, exist_ok=True, mode=0o700)
+    csr_dir.mkdir(parents=True, exist_ok=True)
+    box_path, sign_path = keys / "box.key", keys / "signing.key"
+    if not box_path.is_file():
+        _write_private(box_path, bytes(PrivateKey.generate()))
+    if not sign_path.is_file():
+        _write_private(sign_path, bytes(SigningKey.generate()))
+    requests = {CONTROL: control_name}
+    for name, engine in engines.items():
+        requests[_mpc(name)] = engine.mpc_subject(index)[0]
+    for name, cn in requests.items():
+        if not (keys / f"{name}.key").is_file():
+            csr = party_key_and_csr(keys / f"{name}.key", cn)
+            (csr_dir / f"{name}.csr").write_bytes(csr.public_bytes(serialization.Encoding.PEM))
+    return PartyKeys(
+        state_dir, PrivateKey(box_path.read_bytes()), SigningKey(sign_path.read_bytes())
+    )
+
+
+def pending_requests(state_dir: Path) -> list[CertRequest]:
+    """The party's certificate requests (MPyC's without DNS SAN: see ppfs.pki)."""
+    return [
+        CertRequest(p.stem, dns_san=p.stem != _mpc("mpyc"))
+        for p in sorted((state_dir / "csr").glob("*.csr"))
+    ]
+
+
+def sign_party_requests(ca: CertificateAuthority, state_dir: Path) -> list[str]:
+    """The deployment CA's step: sign every request a party wrote, install the
+    certificates and the CA certificate. Reads and writes public material only."""
+    done = []
+    for req in pending_requests(state_dir):
+        csr = x509.load_pem_x509_csr((state_dir / "csr" / f"{req.name}.csr").read_bytes())
+        write_cert(state_dir / "certs" / f"{req.name}.pem", ca.issue(csr, dns_san=req.dns_san))
+        done.append(req.name)
+    write_cert(state_dir / "certs" / "ca.pem", ca.cert)
+    return done
+
+
+def issue_client_identity(
+    ca: CertificateAuthority, common_name: str, key_path: Path
+) -> tuple[bytes, bytes]:
+    """A control-plane client (the gateway, or a test): key made at ``key_path``,
+    certificate signed by the CA. Returns (key PEM, certificate PEM)."""
+    csr = party_key_and_csr(key_path, common_name)
+    cert = ca.issue(csr)
+    return key_path.read_bytes(), cert.public_bytes(serialization.Encoding.PEM)
+
+
+def save_ca(ca: CertificateAuthority, directory: Path) -> None:
+    """Keep the deployment CA (its key 0600) where the operator ran ``ppfs pki init``."""
+    pem = ca.key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    _write_private(directory / "ca.key", pem)
+    write_cert(directory / "ca.pem", ca.cert)
+
+
+def load_ca(directory: Path) -> CertificateAuthority:
+    key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the CA key is not an EC key")
+    cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+    return CertificateAuthority(key, cert)
+
+
+def fingerprint(public_key: bytes) -> str:
+    """Short, stable name of a public key for the audit log."""
+    h = hashes.Hash(hashes.SHA256())
+    h.update(public_key)
+    return h.finalize().hex()[:16]

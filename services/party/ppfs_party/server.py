@@ -1,0 +1,100 @@
+"""The party daemon's gRPC server: mutual TLS, PartyService and the health service.
+
+Lifecycle (grpc.aio): :func:`start_party_server` opens the state, binds (port 0 in
+tests: the bound port comes back) and marks the services SERVING; :meth:`PartyServer.stop`
+marks them NOT_SERVING, stops every unfinished job (killing its engine process)
+and gives in-flight calls ``grace`` seconds. :func:`serve` runs until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ppfs.v1 import party_pb2, party_pb2_grpc
+from ppfs_party.config import PartySettings
+from ppfs_party.servicer import PartyServicer
+from ppfs_party.state import PartyState, open_state
+
+log = logging.getLogger("ppfs.party")
+
+SERVICE_NAME = party_pb2.DESCRIPTOR.services_by_name["PartyService"].full_name
+MAX_MESSAGE = 8 * 1024 * 1024
+
+SERVER_OPTIONS = [
+    # Server-initiated pings every 60 s keep an idle stream (a long WatchJob, an upload
+    # paused by the client) alive across NAT/load balancers: Azure drops idle TCP
+    # flows after ~4 minutes.
+    ("grpc.keepalive_time_ms", 60_000),
+    # A peer that does not answer a ping within 20 s is gone: free its call.
+    ("grpc.keepalive_timeout_ms", 20_000),
+    # Ping even with no call open, so the gateway's pooled connection stays up.
+    ("grpc.keepalive_permit_without_calls", 1),
+    # Accept client pings as often as every 30 s (the gateway pings every 60 s);
+    # more frequent pings are a misbehaving client and get the connection closed.
+    ("grpc.http2.min_ping_interval_without_data_ms", 30_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Upload chunks are <= 1 MiB and result parts a few MB: 8 MiB bounds memory per call.
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+]
+
+
+@dataclass
+class PartyServer:
+    server: grpc.aio.Server
+    port: int
+    state: PartyState
+    health: health.aio.HealthServicer
+
+    async def stop(self, grace: float | None = None) -> None:
+        grace = self.state.settings.stop_grace if grace is None else grace
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.state.jobs.shutdown()
+        await self.server.stop(grace)
+        log.info("[Party.server] %s stopped", self.state.settings.name)
+
+
+async def start_party_server(
+    settings: PartySettings, state: PartyState | None = None
+) -> PartyServer:
+    """Start a party daemon in this event loop; returns it with its bound port."""
+    if state is None:
+        state = await asyncio.to_thread(open_state, settings)
+    key, cert, ca = state.keys.control_material()
+    credentials = grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=True
+    )
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    party_pb2_grpc.add_PartyServiceServicer_to_server(PartyServicer(state), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_secure_port(settings.listen, credentials)
+    if port == 0:
+        raise OSError(f"cannot listen on {settings.listen}")
+    await server.start()
+    for service in ("", SERVICE_NAME):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    log.info("[Party.server] %s listening on port %d", settings.name, port)
+    return PartyServer(server, port, state, health_servicer)
+
+
+async def serve(settings: PartySettings) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    party = await start_party_server(settings)
+    if settings.port_file is not None:
+        tmp = settings.port_file.with_name(settings.port_file.name + ".tmp")
+        tmp.write_text(f"{party.port}\n")
+        tmp.replace(settings.port_file)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await party.stop()

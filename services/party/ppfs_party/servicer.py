@@ -1,0 +1,143 @@
+"""ppfs.v1.PartyService: parse the request, delegate, map errors. Nothing else."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from ppfs.errors import ParameterError
+from ppfs.v1 import party_pb2, party_pb2_grpc
+from ppfs_party.errors import to_status
+from ppfs_party.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, JobRecord
+from ppfs_party.state import PartyState
+from ppfs_party.store import UploadHeader
+
+log = logging.getLogger("ppfs.party")
+
+_STATES = {
+    QUEUED: party_pb2.JOB_STATE_QUEUED,
+    RUNNING: party_pb2.JOB_STATE_RUNNING,
+    SUCCEEDED: party_pb2.JOB_STATE_SUCCEEDED,
+    FAILED: party_pb2.JOB_STATE_FAILED,
+    CANCELLED: party_pb2.JOB_STATE_CANCELLED,
+}
+
+R = TypeVar("R")
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], method: str,
+                 exc: Exception) -> None:
+    code, message = to_status(exc)
+    if code is grpc.StatusCode.INTERNAL:
+        log.exception("[Party.%s] unexpected error", method)
+    else:
+        log.info("[Party.%s] refused: %s (%s)", method, code.name, type(exc).__name__)
+    await context.abort(code, message)
+
+
+def _unary(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    """Map any error of a unary handler once, through :func:`to_status`."""
+
+    @functools.wraps(method)
+    async def wrapper(self: PartyServicer, request: Any,
+                      context: grpc.aio.ServicerContext[Any, Any]) -> R:
+        try:
+            return await method(self, request, context)
+        except Exception as exc:
+            await _abort(context, method.__name__, exc)
+            raise  # not reached: abort raises
+
+    return wrapper
+
+
+def job_status(rec: JobRecord) -> party_pb2.JobStatus:
+    return party_pb2.JobStatus(
+        job_id=rec.job_id, state=_STATES[rec.state], phase=rec.phase, progress=rec.progress,
+        error=rec.error, program_sha256=rec.program_sha256, seconds=rec.seconds,
+        bytes_sent=rec.bytes_sent,
+    )
+
+
+class PartyServicer(party_pb2_grpc.PartyServiceServicer):
+    def __init__(self, state: PartyState) -> None:
+        self.state = state
+
+    @_unary
+    async def GetIdentity(self, request: party_pb2.GetIdentityRequest,
+                          context: grpc.aio.ServicerContext[Any, Any]) -> party_pb2.PartyIdentity:
+        return self.state.identity()
+
+    async def PutUploadPart(
+        self, request_iterator: AsyncIterator[party_pb2.UploadPartChunk],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> party_pb2.PutUploadPartResponse:
+        try:
+            first = await anext(aiter(request_iterator), None)
+            if first is None or first.WhichOneof("part") != "header":
+                raise ParameterError("an upload starts with its header")
+            h = first.header
+            header = UploadHeader(h.dataset_id, h.upload_id, h.owner_id, h.manifest,
+                                  h.manifest_signature, h.sealed_size)
+
+            async def chunks() -> AsyncIterator[bytes]:
+                async for msg in request_iterator:
+                    if msg.WhichOneof("part") != "chunk":
+                        raise ParameterError("only sealed chunks may follow the header")
+                    yield msg.chunk
+
+            stored = await self.state.store.put(header, chunks())
+            m = stored.manifest
+            return party_pb2.PutUploadPartResponse(
+                dataset_id=m.dataset_id, upload_id=m.upload_id, rows=m.rows,
+                columns=len(m.columns),
+            )
+        except Exception as exc:
+            await _abort(context, "PutUploadPart", exc)
+            raise
+
+    @_unary
+    async def GetDataset(self, request: party_pb2.GetDatasetRequest,
+                         context: grpc.aio.ServicerContext[Any, Any]) -> party_pb2.DatasetInfo:
+        return self.state.dataset_info(request.dataset_id)
+
+    @_unary
+    async def StartJob(self, request: party_pb2.StartJobRequest,
+                       context: grpc.aio.ServicerContext[Any, Any]
+                       ) -> party_pb2.StartJobResponse:
+        rec = await self.state.jobs.start(request.job, request.description_sha256)
+        return party_pb2.StartJobResponse(job_id=rec.job_id, program_sha256=rec.program_sha256)
+
+    @_unary
+    async def CancelJob(self, request: party_pb2.CancelJobRequest,
+                        context: grpc.aio.ServicerContext[Any, Any]
+                        ) -> party_pb2.CancelJobResponse:
+        rec = await self.state.jobs.cancel(request.job_id)
+        return party_pb2.CancelJobResponse(state=_STATES[rec.state])
+
+    @_unary
+    async def GetJob(self, request: party_pb2.GetJobRequest,
+                     context: grpc.aio.ServicerContext[Any, Any]) -> party_pb2.JobStatus:
+        return job_status(self.state.jobs.get(request.job_id))
+
+    async def WatchJob(self, request: party_pb2.WatchJobRequest,
+                       context: grpc.aio.ServicerContext[Any, Any]
+                       ) -> AsyncIterator[party_pb2.JobEvent]:
+        try:
+            async for rec in self.state.jobs.watch(request.job_id):
+                yield party_pb2.JobEvent(status=job_status(rec))
+        except Exception as exc:
+            await _abort(context, "WatchJob", exc)
+
+    @_unary
+    async def FetchResultPart(self, request: party_pb2.FetchResultPartRequest,
+                              context: grpc.aio.ServicerContext[Any, Any]
+                              ) -> party_pb2.SealedResultPart:
+        sealed, signature = self.state.jobs.result_part(request.job_id)
+        return party_pb2.SealedResultPart(
+            job_id=request.job_id, party_index=self.state.settings.index, sealed=sealed,
+            signature=signature,
+        )

@@ -1,0 +1,84 @@
+"""Everything a running party holds: settings, identity, store, jobs, audit log.
+
+Built by :func:`open_state` at server start (never at import); the servicer gets it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppfs.engines.base import Engine
+from ppfs.engines.mpspdz import MpSpdzEngine
+from ppfs.engines.mpyc_engine import MpycEngine
+from ppfs.engines.registry import mpspdz_home
+from ppfs.v1 import party_pb2
+from ppfs_party.audit import AuditLog
+from ppfs_party.config import PartySettings
+from ppfs_party.jobs import JobRunner
+from ppfs_party.keys import CONTROL, PartyKeys, load_or_create
+from ppfs_party.store import ShareStore
+
+
+@dataclass
+class PartyState:
+    settings: PartySettings
+    keys: PartyKeys
+    store: ShareStore
+    jobs: JobRunner
+    audit: AuditLog
+    engines: dict[str, Engine]
+
+    def identity(self) -> party_pb2.PartyIdentity:
+        s = self.settings
+        mpc = b"".join(self.keys.public_pem(f"mpc-{name}") for name in self.engines)
+        return party_pb2.PartyIdentity(
+            index=s.index, name=s.name,
+            box_public_key=bytes(self.keys.box.public_key),
+            signing_public_key=bytes(self.keys.signing.verify_key),
+            tls_certificate_pem=self.keys.public_pem(CONTROL),
+            mpc_certificate_pem=mpc,
+            engines=list(self.engines), mpc_host=s.mpc_host, mpc_port_base=s.mpc_port_base,
+        )
+
+    def dataset_info(self, dataset_id: str) -> party_pb2.DatasetInfo:
+        uploads = self.store.dataset_uploads(dataset_id)
+        m = uploads[0].manifest
+        return party_pb2.DatasetInfo(
+            dataset_id=dataset_id, columns=list(m.columns),
+            column_exponents=list(m.column_exponents), label_column=m.label_column,
+            classes=len(m.classes), rows=sum(u.manifest.rows for u in uploads),
+            upload_ids=[u.manifest.upload_id for u in uploads],
+        )
+
+
+def usable_engines(settings: PartySettings) -> dict[str, Engine]:
+    """The configured engines that work on this machine."""
+    found: dict[str, Engine] = {}
+    for name in settings.engines:
+        engine: Engine
+        if name == "mp-spdz":
+            engine = MpSpdzEngine(
+                settings.mpspdz_home or mpspdz_home(),
+                cache_dir=settings.mpspdz_cache or settings.state_dir / "cache" / "mpspdz",
+            )
+        elif name == "mpyc":
+            engine = MpycEngine()
+        else:
+            continue
+        if engine.unavailable_reason() is None:
+            found[name] = engine
+    return found
+
+
+def open_state(settings: PartySettings) -> PartyState:
+    """Load (or on first start create) the party's keys, store and job records."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    engines = usable_engines(settings)
+    keys = load_or_create(settings.state_dir, settings.index, settings.control_name, engines)
+    audit = AuditLog(settings.state_dir / "audit.log")
+    store = ShareStore(settings.state_dir, settings.index, keys.box, audit,
+                       settings.max_upload_bytes)
+    store.open()
+    jobs = JobRunner(settings, keys, store, audit, engines)
+    jobs.open()
+    return PartyState(settings, keys, store, jobs, audit, engines)

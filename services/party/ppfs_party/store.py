@@ -1,0 +1,308 @@
+"""Durable share store: verified uploads of this party's share components.
+
+An upload becomes visible only complete and verified. The sealed part is received
+in memory (at most ``max_upload_bytes``), checked, and its manifest, signature and
+share bundles are written to a temporary directory ``uploads/.tmp-*`` with every
+file fsynced, renamed to ``uploads/<upload_id>`` and the parent fsynced. A crash at
+any point leaves either nothing or the whole upload (temporary directories are
+removed on start); a restart keeps every committed upload.
+
+Checks on every part (:meth:`ShareStore.put`): the manifest is signed by a data
+owner registered in ``owners.json``; the header agrees with the manifest; the
+upload id was never seen before; the SHA-256 of the received sealed bytes equals
+the manifest's entry for this party (so a part re-sealed by someone else, or
+swapped in from another upload, is refused); the part opens with this party's box
+key; every bundle's dataset, party, scheme and shape match the manifest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from nacl.public import PrivateKey
+
+from ppfs.errors import ParameterError, ShareFormatError
+from ppfs.sharing import Scheme, ShareBundle
+from ppfs.upload import Manifest, UploadRejected, open_sealed, unpack_bundles, verify_manifest
+from ppfs_party.audit import AuditLog
+from ppfs_party.errors import (
+    NotFoundError,
+    UploadReplayedError,
+    UploadTooLargeError,
+    UploadUnauthorizedError,
+)
+
+log = logging.getLogger("ppfs.party")
+
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+KIND_SETS = ({"data"}, {"data", "labels"}, {"mask"})
+
+
+def check_id(value: str, what: str) -> str:
+    if not SAFE_ID.match(value):
+        raise ParameterError(f"{what} must be 1-128 characters of letters, digits, '.', '_', '-'")
+    return value
+
+
+def load_owners(path: Path) -> dict[str, bytes]:
+    """``owners.json``: {owner_id: Ed25519 public key, hex}."""
+    if not path.is_file():
+        return {}
+    raw = json.loads(path.read_text())
+    return {str(k): bytes.fromhex(str(v)) for k, v in raw.items()}
+
+
+def register_owner(state_dir: Path, owner_id: str, public_key: bytes) -> None:
+    """Add (or replace) a registered data owner in ``owners.json``."""
+    path = state_dir / "owners.json"
+    owners = {k: v.hex() for k, v in load_owners(path).items()}
+    owners[check_id(owner_id, "owner id")] = public_key.hex()
+    _write_durable(path, json.dumps(owners, indent=1, sort_keys=True).encode())
+
+
+@dataclass(frozen=True)
+class UploadHeader:
+    dataset_id: str
+    upload_id: str
+    owner_id: str
+    manifest: bytes
+    manifest_signature: bytes
+    sealed_size: int
+
+
+@dataclass(frozen=True)
+class StoredUpload:
+    manifest: Manifest
+    kinds: frozenset[str]
+    directory: Path
+
+    def bundle(self, kind: str) -> ShareBundle:
+        return ShareBundle.load(self.directory / f"{kind}.shr")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+    _fsync_dir(path.parent)
+
+
+class ShareStore:
+    def __init__(
+        self, state_dir: Path, party: int, box_key: PrivateKey, audit: AuditLog,
+        max_upload_bytes: int,
+    ) -> None:
+        self.state_dir = state_dir
+        self.party = party
+        self._box_key = box_key
+        self.audit = audit
+        self.max_upload_bytes = max_upload_bytes
+        self.uploads_dir = state_dir / "uploads"
+        self._uploads: dict[str, StoredUpload] = {}
+        self._inflight: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    # -------------------------------------------------------------- start-up
+    def open(self) -> None:
+        """Clear half-received parts and uncommitted directories; index the rest."""
+        self.uploads_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for d in self.uploads_dir.iterdir():
+            if d.name.startswith("."):
+                shutil.rmtree(d, ignore_errors=True)
+                continue
+            try:
+                manifest = Manifest.from_bytes((d / "manifest.json").read_bytes())
+                kinds = frozenset(p.stem for p in d.glob("*.shr"))
+            except (OSError, UploadRejected):
+                log.error("[Party.store] unreadable upload directory %s skipped", d.name)
+                continue
+            self._uploads[manifest.upload_id] = StoredUpload(manifest, kinds, d)
+
+    def owners(self) -> dict[str, bytes]:
+        return load_owners(self.state_dir / "owners.json")
+
+    # -------------------------------------------------------------- queries
+    def upload(self, upload_id: str) -> StoredUpload:
+        found = self._uploads.get(upload_id)
+        if found is None:
+            raise NotFoundError(f"upload {upload_id!r} is not stored on this party")
+        return found
+
+    def dataset_uploads(self, dataset_id: str) -> list[StoredUpload]:
+        """Committed uploads of a dataset, in upload-id order (the same on every party)."""
+        found = sorted(
+            (u for u in self._uploads.values() if u.manifest.dataset_id == dataset_id),
+            key=lambda u: u.manifest.upload_id,
+        )
+        if not found:
+            raise NotFoundError(f"dataset {dataset_id!r} is not stored on this party")
+        return found
+
+    # -------------------------------------------------------------- receive
+    async def put(self, header: UploadHeader, chunks: AsyncIterator[bytes]) -> StoredUpload:
+        try:
+            stored = await self._put(header, chunks)
+        except UploadRejected as exc:
+            self.audit.record(
+                "upload.rejected", dataset_id=header.dataset_id[:128],
+                upload_id=header.upload_id[:128], owner_id=header.owner_id[:128],
+                reason=str(exc),
+            )
+            raise
+        m = stored.manifest
+        self.audit.record(
+            "upload.accepted", dataset_id=m.dataset_id, upload_id=m.upload_id,
+            owner_id=m.owner_id, kinds=sorted(stored.kinds), rows=m.rows,
+            columns=len(m.columns), scheme=m.scheme, manifest_sha256=m.digest(),
+        )
+        return stored
+
+    async def _put(self, header: UploadHeader, chunks: AsyncIterator[bytes]) -> StoredUpload:
+        owner_key = self.owners().get(header.owner_id)
+        if owner_key is None:
+            raise UploadUnauthorizedError("the data owner is not registered with this party")
+        try:
+            manifest = verify_manifest(header.manifest, header.manifest_signature, owner_key)
+        except UploadRejected as exc:
+            raise UploadUnauthorizedError(str(exc)) from None
+        if (manifest.dataset_id, manifest.upload_id, manifest.owner_id) != (
+            header.dataset_id, header.upload_id, header.owner_id
+        ):
+            raise UploadRejected("the upload header does not match the signed manifest")
+        check_id(manifest.upload_id, "upload id")
+        check_id(manifest.dataset_id, "dataset id")
+        try:
+            scheme = Scheme(manifest.scheme)
+        except ValueError:
+            raise UploadRejected("the manifest names an unknown sharing scheme") from None
+        if len(manifest.part_sha256) != scheme.parties or self.party >= scheme.parties:
+            raise UploadRejected("the manifest does not list one part per party")
+        if header.sealed_size > self.max_upload_bytes:
+            raise UploadTooLargeError(
+                f"the sealed part exceeds this party's limit of {self.max_upload_bytes} bytes"
+            )
+        async with self._lock:
+            if manifest.upload_id in self._uploads or manifest.upload_id in self._inflight:
+                raise UploadReplayedError("this upload was received before (replay refused)")
+            self._inflight.add(manifest.upload_id)
+        try:
+            sealed = await self._receive(header.sealed_size, chunks)
+            if hashlib.sha256(sealed).hexdigest() != manifest.part_sha256[self.party]:
+                raise UploadRejected(
+                    "the sealed part does not match the owner's manifest (hash mismatch)"
+                )
+            bundles = await asyncio.to_thread(self._open, sealed, manifest, scheme)
+            self._check_dataset(manifest, frozenset(bundles))
+            stored = await asyncio.to_thread(self._commit, header, manifest, bundles)
+            self._uploads[manifest.upload_id] = stored
+            return stored
+        finally:
+            self._inflight.discard(manifest.upload_id)
+
+    async def _receive(self, size: int, chunks: AsyncIterator[bytes]) -> bytes:
+        buf = bytearray()
+        async for chunk in chunks:
+            buf += chunk
+            if len(buf) > size:
+                raise UploadRejected("more sealed bytes arrived than the header announced")
+        if len(buf) != size:
+            raise UploadRejected("the sealed part is incomplete")
+        return bytes(buf)
+
+    def _open(self, sealed: bytes, manifest: Manifest, scheme: Scheme) -> dict[str, ShareBundle]:
+        try:
+            bundles = unpack_bundles(open_sealed(sealed, self._box_key))
+        except UploadRejected:
+            raise
+        except ShareFormatError as exc:
+            raise UploadRejected(f"the sealed part holds no valid share bundles ({exc})") from None
+        by_kind: dict[str, ShareBundle] = {}
+        for b in bundles:
+            if b.kind in by_kind:
+                raise UploadRejected(f"the part holds two {b.kind} bundles")
+            by_kind[b.kind] = b
+        if set(by_kind) not in KIND_SETS:
+            raise UploadRejected("the part must hold data (with or without labels) or a mask")
+        if bool(manifest.label_column) != ("labels" in by_kind) and "mask" not in by_kind:
+            raise UploadRejected("the manifest's label column and the label shares disagree")
+        expected = {
+            "data": (manifest.rows, len(manifest.columns)),
+            "labels": (manifest.rows, len(manifest.classes) - 1),
+            "mask": (manifest.rows, 2),
+        }
+        for kind, b in by_kind.items():
+            if b.dataset_id != manifest.dataset_id or b.party != self.party:
+                raise UploadRejected(f"the {kind} bundle belongs to another dataset or party")
+            if b.scheme is not scheme:
+                raise UploadRejected(f"the {kind} bundle uses another sharing scheme")
+            if b.shape != expected[kind]:
+                raise UploadRejected(f"the {kind} bundle's shape differs from the manifest")
+        if "data" in by_kind:
+            if len(manifest.column_exponents) != len(manifest.columns):
+                raise UploadRejected("the manifest needs one exponent per column")
+            if by_kind["data"].frac_bits != manifest.frac_bits:
+                raise UploadRejected("the data bundle's fractional bits differ from the manifest")
+        if "labels" in by_kind and len(manifest.classes) < 2:
+            raise UploadRejected("the label needs at least two classes")
+        return by_kind
+
+    def _check_dataset(self, manifest: Manifest, kinds: frozenset[str]) -> None:
+        """Uploads of one dataset (several owners' rows) share one schema."""
+        for other in self._uploads.values():
+            o = other.manifest
+            if o.dataset_id != manifest.dataset_id:
+                continue
+            if ("mask" in kinds) != ("mask" in other.kinds) or (
+                o.columns, o.column_exponents, o.label_column, o.classes, o.scheme, o.frac_bits
+            ) != (
+                manifest.columns, manifest.column_exponents, manifest.label_column,
+                manifest.classes, manifest.scheme, manifest.frac_bits,
+            ):
+                raise UploadRejected("the upload's schema differs from its dataset's schema")
+
+    def _commit(
+        self, header: UploadHeader, manifest: Manifest, bundles: dict[str, ShareBundle]
+    ) -> StoredUpload:
+        tmp = self.uploads_dir / f".tmp-{uuid.uuid4().hex}"
+        tmp.mkdir(mode=0o700)
+        try:
+            for name, data in (
+                ("manifest.json", header.manifest),
+                ("manifest.sig", header.manifest_signature),
+                *((f"{kind}.shr", b.to_bytes()) for kind, b in bundles.items()),
+            ):
+                with open(tmp / name, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            _fsync_dir(tmp)
+            final = self.uploads_dir / manifest.upload_id
+            tmp.rename(final)  # fails if the id exists: never overwrite
+            _fsync_dir(self.uploads_dir)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(tmp)
+            raise
+        return StoredUpload(manifest, frozenset(bundles), final)

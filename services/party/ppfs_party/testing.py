@@ -1,0 +1,278 @@
+"""A local deployment for tests (and for the gateway's tests): a deployment CA, party
+state directories with signed certificates, registered owners, mutual-TLS channels,
+and what a data owner and a result recipient do on their side.
+
+    dep = Deployment.create(tmp_path, parties=3)
+    owner = dep.add_owner("hospital-a")
+    servers = [await start_party_server(s) for s in dep.settings]
+    channel = dep.channel(i, servers[i].port)   # grpc.aio, mutual TLS as "gateway"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import socket
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import grpc
+import numpy as np
+from nacl.public import PrivateKey
+from nacl.signing import SigningKey, VerifyKey
+
+from ppfs.jobdesc import description_sha256
+from ppfs.pki import CertificateAuthority
+from ppfs.sharing import Scheme, ShareBundle, bundles_for_all
+from ppfs.upload import Manifest, open_sealed, pack_bundles, seal, sign_manifest
+from ppfs.v1 import party_pb2, party_pb2_grpc
+from ppfs_party.config import PartySettings
+from ppfs_party.keys import issue_client_identity, sign_party_requests
+from ppfs_party.state import open_state
+from ppfs_party.store import register_owner
+
+CHUNK = 64 * 1024
+
+CHANNEL_OPTIONS = [
+    # Client pings every 60 s keep long WatchJob streams alive below Azure's ~4 min
+    # idle-TCP cutoff; the party accepts pings every 30 s or slower.
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    # Same limit as the party: chunks <= 1 MiB, result parts a few MB.
+    ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+    ("grpc.max_send_message_length", 8 * 1024 * 1024),
+]
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass
+class Owner:
+    owner_id: str
+    key: SigningKey
+
+
+@dataclass
+class Deployment:
+    root: Path
+    ca: CertificateAuthority
+    settings: list[PartySettings]
+    client_key: bytes
+    client_cert: bytes
+    owners: dict[str, Owner] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, root: Path, parties: int = 3, **overrides: object) -> Deployment:
+        """CA, per-party state (keys made by each party, CSRs signed by the CA) and a
+        client certificate for the caller (the gateway's role)."""
+        ca = CertificateAuthority.create("ppfs test deployment CA")
+        ports = free_ports(parties)
+        settings = []
+        for i in range(parties):
+            s = PartySettings(
+                state_dir=root / f"party{i}", index=i, listen="127.0.0.1:0",
+                mpc_host="127.0.0.1", mpc_port_base=ports[i], mpc_bind_host="127.0.0.1",
+            )
+            s = replace(s, **overrides)  # type: ignore[arg-type]
+            open_state(s)  # first start: the party makes its keys and requests
+            sign_party_requests(ca, s.state_dir)
+            settings.append(s)
+        key, cert = issue_client_identity(ca, "gateway", root / "gateway" / "gateway.key")
+        return cls(root, ca, settings, key, cert)
+
+    def add_owner(self, owner_id: str) -> Owner:
+        owner = Owner(owner_id, SigningKey.generate())
+        for s in self.settings:
+            register_owner(s.state_dir, owner_id, bytes(owner.key.verify_key))
+        self.owners[owner_id] = owner
+        return owner
+
+    def channel(self, index: int, port: int) -> grpc.aio.Channel:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=self.ca.cert_pem(), private_key=self.client_key,
+            certificate_chain=self.client_cert,
+        )
+        options = [
+            *CHANNEL_OPTIONS,
+            # the party's certificate names the party (alice, bob, ...), not 127.0.0.1
+            ("grpc.ssl_target_name_override", self.settings[index].control_name),
+        ]
+        return grpc.aio.secure_channel(f"127.0.0.1:{port}", creds, options=options)
+
+    def peer_addresses(self) -> list[str]:
+        return [f"{s.mpc_host}:{s.mpc_port_base}" for s in self.settings]
+
+
+async def spawn_party(
+    settings: PartySettings, log_path: Path, start_timeout: float = 30.0
+) -> tuple[asyncio.subprocess.Process, int]:
+    """Run a party daemon as its own process (``python -m ppfs_party serve``) on port 0;
+    returns the process and its bound control-plane port."""
+    port_file = settings.state_dir / "server.port"
+    port_file.unlink(missing_ok=True)
+    argv = [
+        sys.executable, "-m", "ppfs_party", "serve",
+        "--state-dir", str(settings.state_dir), "--index", str(settings.index),
+        "--listen", settings.listen, "--mpc-host", settings.mpc_host,
+        "--mpc-port", str(settings.mpc_port_base), "--port-file", str(port_file),
+        "--max-upload-bytes", str(settings.max_upload_bytes),
+    ]
+    if settings.mpc_bind_host:
+        argv += ["--mpc-bind-host", settings.mpc_bind_host]
+    if settings.tls_name:
+        argv += ["--tls-name", settings.tls_name]
+    if settings.mpspdz_cache:
+        argv += ["--mpspdz-cache", str(settings.mpspdz_cache)]
+    if settings.job_timeout is not None:
+        argv += ["--job-timeout", str(settings.job_timeout)]
+    for engine in settings.engines:
+        argv += ["--engine", engine]
+    with open(log_path, "ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+        )
+    deadline = time.monotonic() + start_timeout
+    while not port_file.is_file():
+        if proc.returncode is not None or time.monotonic() > deadline:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+            raise RuntimeError(f"party {settings.index} did not start; see {log_path}")
+        await asyncio.sleep(0.05)
+    return proc, int(port_file.read_text())
+
+
+# ---------------------------------------------------------------- data owner side
+
+
+@dataclass(frozen=True)
+class SealedUpload:
+    manifest: bytes
+    signature: bytes
+    parts: list[bytes]
+    dataset_id: str
+    upload_id: str
+    owner_id: str
+
+
+def seal_bundles(
+    owner: Owner, box_keys: Sequence[bytes], per_party: Sequence[Sequence[ShareBundle]], *,
+    dataset_id: str, upload_id: str, rows: int, columns: Sequence[str] = (),
+    exponents: Sequence[int] = (), label_column: str = "", classes: Sequence[str] = (),
+    frac_bits: int = 16,
+) -> SealedUpload:
+    scheme = Scheme.for_parties(len(box_keys))
+    parts = [seal(pack_bundles(b), k) for b, k in zip(per_party, box_keys, strict=True)]
+    manifest = Manifest(
+        dataset_id=dataset_id, upload_id=upload_id, owner_id=owner.owner_id,
+        scheme=scheme.value, rows=rows, columns=tuple(columns),
+        column_exponents=tuple(int(e) for e in exponents), label_column=label_column,
+        classes=tuple(classes), frac_bits=frac_bits,
+        part_sha256=tuple(hashlib.sha256(p).hexdigest() for p in parts),
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
+    return SealedUpload(manifest.to_bytes(), sign_manifest(manifest, owner.key), parts,
+                        dataset_id, upload_id, owner.owner_id)
+
+
+def data_upload(
+    owner: Owner, box_keys: Sequence[bytes], raw: np.ndarray, columns: Sequence[str],
+    exponents: Sequence[int], *, dataset_id: str, upload_id: str,
+    onehot: np.ndarray | None = None, label_column: str = "", classes: Sequence[str] = (),
+    frac_bits: int = 16, rng: np.random.Generator | None = None,
+) -> SealedUpload:
+    """Share encoded values (and the one-hot label) and seal one part per party."""
+    rng = rng or np.random.default_rng()
+    scheme = Scheme.for_parties(len(box_keys))
+    per_party: list[list[ShareBundle]] = [[] for _ in box_keys]
+    for kind, matrix, frac in (("data", raw, frac_bits), ("labels", onehot, 0)):
+        if matrix is None:
+            continue
+        for i, b in enumerate(bundles_for_all(matrix, scheme, rng, dataset_id=dataset_id,
+                                              kind=kind, frac_bits=frac)):
+            per_party[i].append(b)
+    return seal_bundles(owner, box_keys, per_party, dataset_id=dataset_id, upload_id=upload_id,
+                        rows=raw.shape[0], columns=columns, exponents=exponents,
+                        label_column=label_column, classes=classes, frac_bits=frac_bits)
+
+
+def mask_upload(
+    recipient: Owner, box_keys: Sequence[bytes], words: np.ndarray, *, dataset_id: str,
+    upload_id: str, rng: np.random.Generator | None = None,
+) -> SealedUpload:
+    """The result recipient's mask words, shared and sealed like any data."""
+    rng = rng or np.random.default_rng()
+    scheme = Scheme.for_parties(len(box_keys))
+    bundles = bundles_for_all(words, scheme, rng, dataset_id=dataset_id, kind="mask",
+                              frac_bits=0)
+    return seal_bundles(recipient, box_keys, [[b] for b in bundles], dataset_id=dataset_id,
+                        upload_id=upload_id, rows=words.shape[0], columns=("w0", "w1"),
+                        exponents=(0, 0))
+
+
+def upload_messages(
+    up: SealedUpload, party: int, sealed: bytes | None = None
+) -> Iterator[party_pb2.UploadPartChunk]:
+    """Header, then the sealed bytes in chunks (``sealed`` overrides the real part)."""
+    data = up.parts[party] if sealed is None else sealed
+    yield party_pb2.UploadPartChunk(header=party_pb2.UploadPartHeader(
+        dataset_id=up.dataset_id, upload_id=up.upload_id, owner_id=up.owner_id,
+        manifest=up.manifest, manifest_signature=up.signature, sealed_size=len(data),
+    ))
+    for lo in range(0, len(data), CHUNK):
+        yield party_pb2.UploadPartChunk(chunk=data[lo : lo + CHUNK])
+
+
+# ---------------------------------------------------------------- recipient side
+
+
+async def identities(stubs: Sequence[party_pb2_grpc.PartyServiceStub]
+                     ) -> list[party_pb2.PartyIdentity]:
+    return [await s.GetIdentity(party_pb2.GetIdentityRequest()) for s in stubs]
+
+
+def start_requests(desc: party_pb2.JobDescription) -> party_pb2.StartJobRequest:
+    return party_pb2.StartJobRequest(job=desc, description_sha256=description_sha256(desc))
+
+
+async def watch_to_end(stub: party_pb2_grpc.PartyServiceStub, job_id: str,
+                       timeout: float = 300.0) -> party_pb2.JobStatus:
+    last = None
+    call = stub.WatchJob(party_pb2.WatchJobRequest(job_id=job_id), timeout=timeout)
+    async for event in call:
+        last = event.status
+    if last is None:
+        raise RuntimeError(f"WatchJob({job_id}) ended without an event")
+    return last
+
+
+async def fetch_opened(
+    stubs: Sequence[party_pb2_grpc.PartyServiceStub], ids: Sequence[party_pb2.PartyIdentity],
+    job_id: str, recipient_box: PrivateKey,
+) -> list[np.ndarray]:
+    """Every party's result part, signature checked, unsealed by the recipient."""
+    out = []
+    for stub, ident in zip(stubs, ids, strict=True):
+        part = await stub.FetchResultPart(party_pb2.FetchResultPartRequest(job_id=job_id))
+        VerifyKey(ident.signing_public_key).verify(job_id.encode() + part.sealed,
+                                                   part.signature)  # raises if forged
+        if part.party_index != ident.index:
+            raise ValueError("a result part names another party")
+        out.append(np.frombuffer(open_sealed(part.sealed, recipient_box), dtype="<u8")
+                   .astype(np.uint64))
+    return out

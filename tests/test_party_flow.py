@@ -1,0 +1,332 @@
+"""Party daemons over real gRPC (loopback, port 0, mutual TLS): upload, job, result.
+
+A data owner (or two) shares and seals its data, the recipient shares mask words;
+every party runs its own engine party; the recipient checks every part's signature,
+unseals, finds all parts equal, unmasks and compares with the fixed-point mirror.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from nacl.public import PrivateKey
+from ppfs_party.server import SERVICE_NAME, start_party_server
+from ppfs_party.testing import (
+    Deployment,
+    data_upload,
+    fetch_opened,
+    identities,
+    mask_upload,
+    start_requests,
+    upload_messages,
+    watch_to_end,
+)
+
+from ppfs.engines.mpspdz import MpSpdzEngine
+from ppfs.engines.registry import mpspdz_home
+from ppfs.fixedpoint import FixedPoint
+from ppfs.step2a import Security, Step2AShape, draw_mask_words, mirror, unmask
+from ppfs.synthetic import make_table
+from ppfs.table import LabelledTable
+from ppfs.v1 import party_pb2, party_pb2_grpc
+
+_reason = MpSpdzEngine(mpspdz_home()).unavailable_reason()
+needs_mpspdz = pytest.mark.skipif(_reason is not None, reason=f"MP-SPDZ not available: {_reason}")
+
+
+@pytest.fixture(scope="session")
+def mpspdz_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("party-mpspdz-cache")
+
+
+def _encode(table: LabelledTable) -> tuple[np.ndarray, np.ndarray, FixedPoint]:
+    fp = FixedPoint()
+    exps = fp.choose_exponents(table.x, table.columns)
+    return fp.encode(table.x, exps, table.columns), exps, fp
+
+
+async def run_scenario(
+    dep: Deployment,
+    table: LabelledTable,
+    k: int,
+    security: Security,
+    engine: str,
+    combination: str,
+) -> float:
+    """Two owners upload (split by rows or by columns), the recipient uploads masks,
+    the job runs on every party; returns the job's wall time."""
+    n = security.parties
+    servers = [await start_party_server(s) for s in dep.settings]
+    channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+    try:
+        stubs = [party_pb2_grpc.PartyServiceStub(c) for c in channels]
+        ids = await identities(stubs)
+        box = [i.box_public_key for i in ids]
+        raw, exps, fp = _encode(table)
+        onehot = table.one_hot()
+        a, b = dep.add_owner("owner-a"), dep.add_owner("owner-b")
+        rec = dep.add_owner("recipient")
+        rng = np.random.default_rng(5)
+        cols = list(table.columns)
+        label = dict(onehot=None, label_column=table.label_column, classes=table.classes)
+        if combination == "horizontal":
+            half = table.m // 2
+            ups = [
+                data_upload(
+                    a,
+                    box,
+                    raw[:half],
+                    cols,
+                    exps,
+                    dataset_id="ds-a",
+                    upload_id="up-a",
+                    onehot=onehot[:half],
+                    label_column=table.label_column,
+                    classes=table.classes,
+                    rng=rng,
+                ),
+                data_upload(
+                    b,
+                    box,
+                    raw[half:],
+                    cols,
+                    exps,
+                    dataset_id="ds-b",
+                    upload_id="up-b",
+                    onehot=onehot[half:],
+                    label_column=table.label_column,
+                    classes=table.classes,
+                    rng=rng,
+                ),
+            ]
+            comb = party_pb2.COMBINATION_HORIZONTAL
+        else:
+            cut = table.p // 2
+            ups = [
+                data_upload(
+                    a,
+                    box,
+                    raw[:, :cut],
+                    cols[:cut],
+                    exps[:cut],
+                    dataset_id="ds-a",
+                    upload_id="up-a",
+                    rng=rng,
+                ),
+                data_upload(
+                    b,
+                    box,
+                    raw[:, cut:],
+                    cols[cut:],
+                    exps[cut:],
+                    dataset_id="ds-b",
+                    upload_id="up-b",
+                    **{**label, "onehot": onehot},
+                    rng=rng,
+                ),
+            ]
+            comb = party_pb2.COMBINATION_VERTICAL
+        shape = Step2AShape(table.m, table.p, table.n_classes, k, fp.value_bits)
+        words = draw_mask_words(shape.outputs, rng)
+        ups.append(mask_upload(rec, box, words, dataset_id="mask-1", upload_id="up-mask", rng=rng))
+        for up in ups:
+            for i, stub in enumerate(stubs):
+                resp = await stub.PutUploadPart(upload_messages(up, i))
+                assert resp.upload_id == up.upload_id
+        info = await stubs[0].GetDataset(party_pb2.GetDatasetRequest(dataset_id="ds-a"))
+        assert info.upload_ids == ["up-a"] and info.rows > 0
+
+        recipient_box = PrivateKey.generate()
+        desc = party_pb2.JobDescription(
+            job_id=f"job-{uuid.uuid4().hex[:8]}",
+            dataset_ids=["ds-a", "ds-b"],
+            combination=comb,
+            label_column=table.label_column,
+            k=k,
+            security=security.value,
+            engine=engine,
+            frac_bits=fp.frac_bits,
+            recipient_public_key=bytes(recipient_box.public_key),
+            mask_upload_id="up-mask",
+            peer_mpc_addresses=dep.peer_addresses(),
+        )
+        t0 = time.monotonic()
+        started = [await s.StartJob(start_requests(desc)) for s in stubs]
+        assert len({r.program_sha256 for r in started}) == 1
+        finals = await asyncio.gather(*(watch_to_end(s, desc.job_id) for s in stubs))
+        elapsed = time.monotonic() - t0
+        assert [f.state for f in finals] == [party_pb2.JOB_STATE_SUCCEEDED] * n, [
+            f.error for f in finals
+        ]
+        assert all(
+            f.progress == 1.0 and f.program_sha256 == started[0].program_sha256 for f in finals
+        )
+        parts = await fetch_opened(stubs, ids, desc.job_id, recipient_box)
+        assert all(np.array_equal(p, parts[0]) for p in parts)
+        idx, reduced = unmask(parts[0], words, shape)
+        ref = mirror(raw, table.y, shape)
+        np.testing.assert_array_equal(idx, ref.selected)
+        np.testing.assert_array_equal(reduced, ref.reduced)
+        # the audit log records the opening, never a value
+        entries = [
+            json.loads(line)
+            for line in (dep.settings[0].state_dir / "audit.log").read_text().splitlines()
+        ]
+        released = [e for e in entries if e["event"] == "result.released"]
+        assert released and released[0]["what"] == f"masked outputs, {shape.outputs} words"
+        assert {"upload.accepted", "job.accepted", "job.succeeded"} <= {e["event"] for e in entries}
+        # job inputs (share copies) are gone once the job ended
+        for s in dep.settings:
+            assert not (s.state_dir / "jobs" / desc.job_id / "inputs").exists()
+        return elapsed
+    finally:
+        for c in channels:
+            await c.close()
+        for srv in servers:
+            await srv.stop(0)
+
+
+def test_horizontal_mpyc_passive_3pc(tmp_path: Path) -> None:
+    table = make_table(30, 5, seed=1)
+    dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
+    asyncio.run(run_scenario(dep, table, 2, Security.PASSIVE_3PC, "mpyc", "horizontal"))
+
+
+def test_vertical_mpyc_passive_4pc(tmp_path: Path) -> None:
+    table = make_table(30, 5, n_classes=3, seed=2)
+    dep = Deployment.create(tmp_path, 4, engines=("mpyc",))
+    asyncio.run(run_scenario(dep, table, 2, Security.PASSIVE_4PC, "mpyc", "vertical"))
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+@pytest.mark.parametrize("combination", ["horizontal", "vertical"])
+def test_mpspdz_passive_3pc(combination: str, tmp_path: Path, mpspdz_cache: Path) -> None:
+    table = make_table(40, 6, seed=3)
+    dep = Deployment.create(tmp_path, 3, engines=("mp-spdz",), mpspdz_cache=mpspdz_cache)
+    asyncio.run(run_scenario(dep, table, 3, Security.PASSIVE_3PC, "mp-spdz", combination))
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_mpspdz_active_4pc_vertical(tmp_path: Path, mpspdz_cache: Path) -> None:
+    table = make_table(40, 6, n_classes=3, seed=4)
+    dep = Deployment.create(tmp_path, 4, engines=("mp-spdz",), mpspdz_cache=mpspdz_cache)
+    asyncio.run(run_scenario(dep, table, 2, Security.ACTIVE_4PC, "mp-spdz", "vertical"))
+
+
+def test_identity_health_and_mutual_tls(tmp_path: Path) -> None:
+    dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
+
+    async def scenario() -> None:
+        srv = await start_party_server(dep.settings[1])
+        try:
+            async with dep.channel(1, srv.port) as ch:
+                ident = await party_pb2_grpc.PartyServiceStub(ch).GetIdentity(
+                    party_pb2.GetIdentityRequest()
+                )
+                assert (ident.index, ident.name) == (1, "Bob")
+                assert len(ident.box_public_key) == 32 and len(ident.signing_public_key) == 32
+                assert b"BEGIN CERTIFICATE" in ident.mpc_certificate_pem
+                assert list(ident.engines) == ["mpyc"]
+                health = health_pb2_grpc.HealthStub(ch)
+                for service in ("", SERVICE_NAME):
+                    resp = await health.Check(health_pb2.HealthCheckRequest(service=service))
+                    assert resp.status == health_pb2.HealthCheckResponse.SERVING
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await party_pb2_grpc.PartyServiceStub(ch).GetJob(
+                        party_pb2.GetJobRequest(job_id="nope")
+                    )
+                assert info.value.code() == grpc.StatusCode.NOT_FOUND
+            # a client without a certificate from the deployment CA is refused
+            creds = grpc.ssl_channel_credentials(root_certificates=dep.ca.cert_pem())
+            async with grpc.aio.secure_channel(
+                f"127.0.0.1:{srv.port}",
+                creds,
+                options=[("grpc.ssl_target_name_override", "bob")],
+            ) as anon:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await party_pb2_grpc.PartyServiceStub(anon).GetIdentity(
+                        party_pb2.GetIdentityRequest(), timeout=5
+                    )
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        finally:
+            await srv.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_cancel_kills_the_engine_process(tmp_path: Path) -> None:
+    """Only Alice starts the job: her engine waits for peers until cancelled."""
+    table = make_table(20, 4, seed=6)
+    dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
+
+    async def scenario() -> None:
+        srv = await start_party_server(dep.settings[0])
+        try:
+            async with dep.channel(0, srv.port) as ch:
+                stub = party_pb2_grpc.PartyServiceStub(ch)
+                ident = await stub.GetIdentity(party_pb2.GetIdentityRequest())
+                box = [ident.box_public_key] * 3  # only Alice's part is sent
+                raw, exps, fp = _encode(table)
+                owner, rec = dep.add_owner("owner-a"), dep.add_owner("recipient")
+                up = data_upload(owner, box, raw, table.columns, exps, dataset_id="ds",
+                                 upload_id="u1", onehot=table.one_hot(),
+                                 label_column=table.label_column, classes=table.classes)
+                shape = Step2AShape(table.m, table.p, table.n_classes, 1, fp.value_bits)
+                mask = mask_upload(rec, box, draw_mask_words(shape.outputs,
+                                                             np.random.default_rng()),
+                                   dataset_id="m", upload_id="m1")
+                for u in (up, mask):
+                    await stub.PutUploadPart(upload_messages(u, 0))
+                desc = party_pb2.JobDescription(
+                    job_id="j1", dataset_ids=["ds"], label_column=table.label_column, k=1,
+                    security="passive-3pc", engine="mpyc", frac_bits=16,
+                    recipient_public_key=bytes(PrivateKey.generate().public_key),
+                    mask_upload_id="m1", peer_mpc_addresses=dep.peer_addresses(),
+                )
+                await stub.StartJob(start_requests(desc))
+                pid_file = dep.settings[0].state_dir / "jobs" / "j1" / "engine" / "worker.pid"
+                t0 = time.monotonic()
+                while not pid_file.exists():
+                    assert time.monotonic() - t0 < 30
+                    await asyncio.sleep(0.05)
+                pid = int(pid_file.read_text())
+                resp = await stub.CancelJob(party_pb2.CancelJobRequest(job_id="j1"))
+                assert resp.state == party_pb2.JOB_STATE_CANCELLED
+                final = await watch_to_end(stub, "j1")
+                assert final.state == party_pb2.JOB_STATE_CANCELLED
+                assert not Path(f"/proc/{pid}").exists() or "Z" in Path(
+                    f"/proc/{pid}/stat").read_text().split()[2]
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.FetchResultPart(party_pb2.FetchResultPartRequest(job_id="j1"))
+                assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                # a second job is running when the party is stopped (SIGTERM path)
+                mask2 = mask_upload(rec, box, draw_mask_words(shape.outputs,
+                                                              np.random.default_rng()),
+                                    dataset_id="m", upload_id="m2")
+                await stub.PutUploadPart(upload_messages(mask2, 0))
+                desc.job_id, desc.mask_upload_id = "j2", "m2"
+                await stub.StartJob(start_requests(desc))
+        finally:
+            await srv.stop(0)
+        # restarted: the stopped job is reported failed, not lost
+        srv = await start_party_server(dep.settings[0])
+        try:
+            async with dep.channel(0, srv.port) as ch:
+                st = await party_pb2_grpc.PartyServiceStub(ch).GetJob(
+                    party_pb2.GetJobRequest(job_id="j2"))
+                assert st.state == party_pb2.JOB_STATE_FAILED
+                assert st.error in ("party stopped", "party restarted")
+        finally:
+            await srv.stop(0)
+
+    asyncio.run(scenario())

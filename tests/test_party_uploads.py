@@ -1,0 +1,246 @@
+"""Upload verification on a party daemon (real gRPC, mutual TLS, port 0): what a
+gateway could try with parts it relays is refused, and nothing becomes visible."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from nacl.public import PrivateKey
+from nacl.signing import SigningKey
+from ppfs_party.server import PartyServer, start_party_server
+from ppfs_party.testing import (
+    Deployment,
+    Owner,
+    SealedUpload,
+    data_upload,
+    identities,
+    start_requests,
+    upload_messages,
+)
+
+from ppfs.sharing import Scheme, bundles_for_all
+from ppfs.upload import pack_bundles, seal
+from ppfs.v1 import party_pb2, party_pb2_grpc
+
+Stub = party_pb2_grpc.PartyServiceStub
+COLS = ["a", "b", "c"]
+
+
+def _raw(rows: int = 6, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(-1000, 1000, size=(rows, 3))
+
+
+def _onehot(rows: int = 6) -> np.ndarray:
+    return (np.arange(rows) % 2).reshape(rows, 1)
+
+
+def _upload(owner: Owner, box: list[bytes], upload_id: str, dataset_id: str = "ds",
+            seed: int = 0) -> SealedUpload:
+    return data_upload(owner, box, _raw(seed=seed), COLS, [0, 0, 0], dataset_id=dataset_id,
+                       upload_id=upload_id, onehot=_onehot(), label_column="y",
+                       classes=("0", "1"))
+
+
+Scenario = Callable[[Deployment, list[PartyServer], list[Stub], list[bytes]], Awaitable[None]]
+
+
+def _run(tmp_path: Path, scenario: Scenario, **overrides: object) -> Deployment:
+    dep = Deployment.create(tmp_path, 3, engines=("mpyc",), **overrides)
+    dep.add_owner("owner-a")
+    dep.add_owner("owner-b")
+
+    async def main() -> None:
+        servers = [await start_party_server(s) for s in dep.settings]
+        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+        try:
+            stubs = [Stub(c) for c in channels]
+            box = [i.box_public_key for i in await identities(stubs)]
+            await scenario(dep, servers, stubs, box)
+        finally:
+            for c in channels:
+                await c.close()
+            for srv in servers:
+                await srv.stop(0)
+
+    asyncio.run(main())
+    return dep
+
+
+async def _refused(stub: Stub, messages: object, code: grpc.StatusCode, text: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.PutUploadPart(messages)
+    assert info.value.code() == code, info.value.details()
+    assert text in (info.value.details() or "")
+
+
+async def _invisible(stub: Stub, dataset_id: str = "ds") -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.GetDataset(party_pb2.GetDatasetRequest(dataset_id=dataset_id))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def _audit(dep: Deployment, party: int) -> list[dict[str, object]]:
+    path = dep.settings[party].state_dir / "audit.log"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_accepted_upload_is_visible_with_its_schema(tmp_path: Path) -> None:
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        a, b = dep.owners["owner-a"], dep.owners["owner-b"]
+        for up in (_upload(a, box, "u1"), _upload(b, box, "u2", seed=1)):
+            for i, stub in enumerate(stubs):
+                resp = await stub.PutUploadPart(upload_messages(up, i))
+                assert (resp.rows, resp.columns) == (6, 3)
+        info = await stubs[2].GetDataset(party_pb2.GetDatasetRequest(dataset_id="ds"))
+        assert list(info.columns) == COLS and info.label_column == "y"
+        assert (info.classes, info.rows, list(info.upload_ids)) == (2, 12, ["u1", "u2"])
+
+    dep = _run(tmp_path, scenario)
+    assert [e["event"] for e in _audit(dep, 0)] == ["upload.accepted"] * 2
+
+
+def test_part_resealed_by_the_gateway_is_refused(tmp_path: Path) -> None:
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        up = _upload(dep.owners["owner-a"], box, "u1")
+        # the gateway shares its own values and seals them to Alice: valid box, wrong hash
+        forged = bundles_for_all(_raw(seed=9), Scheme.REP3, np.random.default_rng(1),
+                                 dataset_id="ds", kind="data", frac_bits=16)[0]
+        resealed = seal(pack_bundles([forged]), box[0])
+        await _refused(stubs[0], upload_messages(up, 0, sealed=resealed),
+                       grpc.StatusCode.INVALID_ARGUMENT, "hash mismatch")
+        # ... or also re-signs a manifest with its own key: not a registered owner's
+        gateway = Owner("owner-a", SigningKey.generate())
+        fake = _upload(gateway, box, "u1")
+        await _refused(stubs[0], upload_messages(fake, 0), grpc.StatusCode.PERMISSION_DENIED,
+                       "not signed by its data owner")
+        stranger = _upload(Owner("stranger", SigningKey.generate()), box, "u9")
+        await _refused(stubs[0], upload_messages(stranger, 0),
+                       grpc.StatusCode.PERMISSION_DENIED, "not registered")
+        await _invisible(stubs[0])
+
+    dep = _run(tmp_path, scenario)
+    reasons = [e["reason"] for e in _audit(dep, 0) if e["event"] == "upload.rejected"]
+    assert len(reasons) == 3 and "hash mismatch" in str(reasons[0])
+
+
+def test_part_swapped_between_uploads_or_parties_is_refused(tmp_path: Path) -> None:
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        u1 = _upload(dep.owners["owner-a"], box, "u1", dataset_id="ds")
+        u2 = _upload(dep.owners["owner-b"], box, "u2", dataset_id="ds2", seed=3)
+        # u2's part for Alice under u1's manifest
+        await _refused(stubs[0], upload_messages(u1, 0, sealed=u2.parts[0]),
+                       grpc.StatusCode.INVALID_ARGUMENT, "hash mismatch")
+        # Bob's part of u1 sent to Alice
+        await _refused(stubs[0], upload_messages(u1, 1),
+                       grpc.StatusCode.INVALID_ARGUMENT, "hash mismatch")
+        # a header that claims another dataset than the signed manifest
+        msgs = list(upload_messages(u1, 0))
+        msgs[0].header.dataset_id = "ds2"
+        await _refused(stubs[0], iter(msgs), grpc.StatusCode.INVALID_ARGUMENT,
+                       "does not match the signed manifest")
+        await _invisible(stubs[0], "ds")
+        await _invisible(stubs[0], "ds2")
+
+    _run(tmp_path, scenario)
+
+
+def test_replayed_upload_is_refused(tmp_path: Path) -> None:
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        up = _upload(dep.owners["owner-a"], box, "u1")
+        await stubs[1].PutUploadPart(upload_messages(up, 1))
+        await _refused(stubs[1], upload_messages(up, 1), grpc.StatusCode.ALREADY_EXISTS,
+                       "replay")
+        info = await stubs[1].GetDataset(party_pb2.GetDatasetRequest(dataset_id="ds"))
+        assert list(info.upload_ids) == ["u1"] and info.rows == 6
+
+    _run(tmp_path, scenario)
+
+
+def test_incomplete_oversized_and_malformed_streams(tmp_path: Path) -> None:
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        up = _upload(dep.owners["owner-a"], box, "u1")
+        msgs = list(upload_messages(up, 0))
+        msgs[0].header.sealed_size += 10  # the stream ends early
+        await _refused(stubs[0], iter(msgs), grpc.StatusCode.INVALID_ARGUMENT, "incomplete")
+        big = list(upload_messages(up, 0))
+        big[0].header.sealed_size = 1 << 20
+        await _refused(stubs[0], iter(big), grpc.StatusCode.RESOURCE_EXHAUSTED, "limit")
+
+        async def chunk_first() -> AsyncIterator[party_pb2.UploadPartChunk]:
+            yield party_pb2.UploadPartChunk(chunk=b"x")
+
+        await _refused(stubs[0], chunk_first(), grpc.StatusCode.INVALID_ARGUMENT, "header")
+        await _invisible(stubs[0])
+        # after all that, the genuine part is still accepted (nothing was half-stored)
+        await stubs[0].PutUploadPart(upload_messages(up, 0))
+
+    _run(tmp_path, scenario, max_upload_bytes=64 * 1024)
+
+
+def test_uploads_survive_restart_and_leftovers_are_cleared(tmp_path: Path) -> None:
+    async def first(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                    box: list[bytes]) -> None:
+        up = _upload(dep.owners["owner-a"], box, "u1")
+        for i, stub in enumerate(stubs):
+            await stub.PutUploadPart(upload_messages(up, i))
+
+    dep = _run(tmp_path / "d", first)
+    state = dep.settings[0].state_dir
+    # what a crash mid-upload leaves behind
+    (state / "uploads" / ".tmp-crashed").mkdir()
+    (state / "uploads" / ".tmp-crashed" / "data.shr").write_bytes(b"partial")
+
+    async def second() -> None:
+        srv = await start_party_server(dep.settings[0])
+        try:
+            async with dep.channel(0, srv.port) as ch:
+                stub = Stub(ch)
+                info = await stub.GetDataset(party_pb2.GetDatasetRequest(dataset_id="ds"))
+                assert list(info.upload_ids) == ["u1"]
+                up = _upload(dep.owners["owner-a"],
+                             [i.box_public_key for i in [await stub.GetIdentity(
+                                 party_pb2.GetIdentityRequest())]] * 3, "u1")
+                await _refused(stub, upload_messages(up, 0), grpc.StatusCode.ALREADY_EXISTS,
+                               "replay")
+        finally:
+            await srv.stop(0)
+
+    asyncio.run(second())
+    assert not (state / "uploads" / ".tmp-crashed").exists()
+
+
+def test_job_refused_on_description_mismatch_and_bad_parameters(tmp_path: Path) -> None:
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        desc = party_pb2.JobDescription(
+            job_id="j1", dataset_ids=["ds"], label_column="y", k=1, security="passive-3pc",
+            engine="mpyc", frac_bits=16, recipient_public_key=bytes(
+                PrivateKey.generate().public_key),
+            mask_upload_id="m1", peer_mpc_addresses=dep.peer_addresses(),
+        )
+        req = start_requests(desc)
+        req.job.k = 2  # the description changed after hashing
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stubs[0].StartJob(req)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "SHA-256" in (info.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as info:  # no such dataset
+            await stubs[0].StartJob(start_requests(desc))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        desc.engine = "mp-spdz"  # not offered by these parties
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stubs[0].StartJob(start_requests(desc))
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+    _run(tmp_path, scenario)
