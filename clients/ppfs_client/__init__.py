@@ -1,1 +1,1 @@
-"""(under construction)"""
+"""Client SDK and CLI for data owners, analysts and model owners."""

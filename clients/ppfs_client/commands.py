@@ -1,0 +1,494 @@
+"""`ppfs upload`, `ppfs datasets`, `ppfs masks`, `ppfs jobs`, `ppfs result`, `ppfs keys`:
+the client side of the service, for data owners, analysts and model owners.
+
+The gateway URL, the bearer token and the key file come from flags or from the
+environment (PPFS_GATEWAY, PPFS_TOKEN, PPFS_KEY). Exit codes: 0 done, 1 the job or
+the service failed, 2 bad input or a refused request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ppfs.errors import InputDataError, ParameterError, PpfsError
+from ppfs.table import read_csv
+from ppfs_client.keys import ClientKeys
+from ppfs_client.sdk import ApiError, GatewayClient, OwnerTable, ResultSelection
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+DEFAULT_GATEWAY = "http://127.0.0.1:8080"
+
+
+def add_commands(sub: Any) -> None:
+    up = sub.add_parser(
+        "upload",
+        help="encode, secret-share, seal and upload a CSV to the service",
+        description="Encode DATA.csv (fixed point, per-column scales from the data or from an "
+        "existing data set's schema), secret-share it, seal each party's shares to that "
+        "party, sign the manifest with your key and upload it through the gateway. Prints "
+        "the data set id.",
+    )
+    up.add_argument("data", type=Path, metavar="DATA.csv")
+    up.add_argument("--dataset", metavar="NAME", help="create a new data set with this name")
+    up.add_argument("--into", metavar="DATASET_ID", help="add rows to an existing data set")
+    up.add_argument("--label", metavar="COLUMN", help="the label column")
+    up.add_argument(
+        "--no-label", action="store_true", help="these columns carry no label (vertical split)"
+    )
+    up.add_argument(
+        "--schema-from", metavar="DATASET_ID", help="encode with this data set's column scales"
+    )
+    _conn_args(up)
+    up.set_defaults(func=_upload)
+
+    ds = sub.add_parser("datasets", help="list, show and grant data sets")
+    dsub = ds.add_subparsers(dest="datasets_command", required=True)
+    ls = dsub.add_parser("list", help="data sets you may see")
+    ls.add_argument("--kind", choices=["data", "mask"], default="data")
+    _conn_args(ls)
+    ls.set_defaults(func=_datasets_list)
+    show = dsub.add_parser("show", help="one data set's public schema")
+    show.add_argument("dataset_id")
+    _conn_args(show)
+    show.set_defaults(func=_datasets_show)
+    grant = dsub.add_parser("grant", help="(admin) let a principal use a data set")
+    grant.add_argument("dataset_id")
+    grant.add_argument("subject")
+    _conn_args(grant)
+    grant.set_defaults(func=_datasets_grant)
+
+    masks = sub.add_parser("masks", help="output masks of a result recipient")
+    msub = masks.add_subparsers(dest="masks_command", required=True)
+    mc = msub.add_parser(
+        "create",
+        help="draw mask words, keep them next to your key file, upload them shared",
+    )
+    mc.add_argument("--count", type=int, required=True, help="number of outputs (k + m*k)")
+    _conn_args(mc)
+    mc.set_defaults(func=_masks_create)
+
+    jobs = sub.add_parser("jobs", help="submit, watch and cancel jobs")
+    jsub = jobs.add_subparsers(dest="jobs_command", required=True)
+    sj = jsub.add_parser("submit", help="submit Step 2A (and optionally Step 2B)")
+    sj.add_argument(
+        "--dataset", action="append", required=True, metavar="ID", help="repeat to combine"
+    )
+    sj.add_argument("--combination", choices=["horizontal", "vertical"], default="horizontal")
+    sj.add_argument("--label", required=True, metavar="COLUMN")
+    sj.add_argument("--k", type=int, required=True)
+    sj.add_argument(
+        "--security",
+        choices=["passive-3pc", "active-3pc", "active-4pc", "passive-4pc"],
+        default="passive-3pc",
+    )
+    sj.add_argument("--engine", choices=["mp-spdz", "mpyc"], default="mp-spdz")
+    sj.add_argument(
+        "--mask-upload", metavar="UPLOAD_ID", help="masks made before (default: make them now)"
+    )
+    sj.add_argument("--epochs", type=int, help="Step 2B: train logistic regression on D'")
+    sj.add_argument("--batch-size", type=int, default=32)
+    sj.add_argument("--learning-rate", type=float, default=0.1)
+    sj.add_argument("--watch", action="store_true", help="then watch it to the end")
+    _conn_args(sj)
+    sj.set_defaults(func=_jobs_submit)
+    for name, helptext, fn in (
+        ("show", "one job's state and per-party progress", _jobs_show),
+        ("watch", "live per-party progress until the job ends", _jobs_watch),
+        ("cancel", "cancel a job on every party", _jobs_cancel),
+    ):
+        c = jsub.add_parser(name, help=helptext)
+        c.add_argument("job_id")
+        _conn_args(c)
+        c.set_defaults(func=fn)
+    jl = jsub.add_parser("list", help="your jobs")
+    _conn_args(jl)
+    jl.set_defaults(func=_jobs_list)
+
+    res = sub.add_parser("result", help="fetch and open a job's result (its recipient only)")
+    rsub = res.add_subparsers(dest="result_command", required=True)
+    rf = rsub.add_parser(
+        "fetch",
+        help="download every party's sealed part, check they agree, open and unmask them",
+    )
+    rf.add_argument("job_id")
+    rf.add_argument("--out", type=Path, metavar="REDUCED.csv", help="write D' (selected columns)")
+    _conn_args(rf)
+    rf.set_defaults(func=_result_fetch)
+
+    keys = sub.add_parser("keys", help="your key file (signing and result keys)")
+    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    kc = ksub.add_parser("create", help="make a key file; prints the public keys to register")
+    kc.add_argument("--subject", required=True, help="your owner / analyst id")
+    kc.add_argument("--out", type=Path, required=True)
+    kc.set_defaults(func=_keys_create)
+
+    dep = sub.add_parser("deployment", help="the parties, sharing scheme and encoding")
+    _conn_args(dep)
+    dep.set_defaults(func=_deployment)
+
+
+def _conn_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gateway", default=None, help=f"gateway URL (PPFS_GATEWAY, {DEFAULT_GATEWAY})")
+    p.add_argument("--token", default=None, help="bearer token (PPFS_TOKEN; prefer the env var)")
+    p.add_argument("--key", type=Path, default=None, help="your key file (PPFS_KEY)")
+    p.add_argument("--ca", type=Path, default=None, help="CA bundle for an HTTPS gateway (PPFS_CA)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _client(args: argparse.Namespace) -> GatewayClient:
+    url = args.gateway or os.environ.get("PPFS_GATEWAY") or DEFAULT_GATEWAY
+    token = args.token or os.environ.get("PPFS_TOKEN")
+    if not token:
+        raise ParameterError("no token: pass --token or set PPFS_TOKEN")
+    ca = args.ca or (Path(os.environ["PPFS_CA"]) if os.environ.get("PPFS_CA") else None)
+    return GatewayClient(url, token, verify=str(ca) if ca else True)
+
+
+def _keys(args: argparse.Namespace) -> ClientKeys:
+    path = args.key or (Path(os.environ["PPFS_KEY"]) if os.environ.get("PPFS_KEY") else None)
+    if path is None:
+        raise ParameterError("no key file: pass --key or set PPFS_KEY")
+    return ClientKeys.load(path)
+
+
+def _err(msg: str) -> None:
+    print(f"ppfs: error: {msg}", file=sys.stderr)
+
+
+def _guard(fn: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(fn(args))
+        except ApiError as exc:
+            _err(str(exc))
+            return EXIT_USAGE if 400 <= exc.status < 500 else EXIT_FAILED
+        except (InputDataError, ParameterError) as exc:
+            _err(str(exc))
+            return EXIT_USAGE
+        except PpfsError as exc:
+            _err(str(exc))
+            return EXIT_FAILED
+
+    return run
+
+
+def _out(args: argparse.Namespace, obj: Any, text: str) -> None:
+    print(json.dumps(obj) if args.json else text)
+
+
+def read_unlabelled(path: Path) -> OwnerTable:
+    """A CSV of numeric columns only (an owner without the label, vertical split)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
+    except FileNotFoundError:
+        raise InputDataError(f"{path}: no such file") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise InputDataError(f"{path}: not a readable CSV file ({exc})") from None
+    if len(rows) < 2:
+        raise InputDataError(f"{path}: needs a header and at least one data row")
+    header = [h.strip() for h in rows[0]]
+    if len(set(header)) != len(header):
+        raise InputDataError(f"{path}: a column name appears more than once in the header")
+    x = np.empty((len(rows) - 1, len(header)))
+    for i, r in enumerate(rows[1:], start=1):
+        if len(r) != len(header):
+            raise InputDataError(f"{path}: row {i} has {len(r)} fields, the header {len(header)}")
+        for j, cell in enumerate(r):
+            try:
+                x[i - 1, j] = float(cell)
+            except ValueError:
+                raise InputDataError(
+                    f"{path}: column {header[j]!r}, row {i}: {cell.strip()[:20]!r} is not numeric"
+                ) from None
+    return OwnerTable(tuple(header), x)
+
+
+@_guard
+def _upload(args: argparse.Namespace) -> int:
+    if bool(args.dataset) == bool(args.into):
+        raise ParameterError("give either --dataset NAME (new) or --into DATASET_ID")
+    if args.no_label == bool(args.label):
+        raise ParameterError("give either --label COLUMN or --no-label")
+    if args.no_label:
+        table = read_unlabelled(args.data)
+    else:
+        t = read_csv(args.data, args.label)
+        table = OwnerTable(t.columns, t.x, t.label_column, t.classes, t.y)
+    keys = _keys(args)
+    with _client(args) as client:
+        exponents = None
+        schema_src = args.schema_from or args.into
+        if schema_src:
+            schema = client.get_dataset(schema_src)
+            if schema["columns"]:
+                if tuple(schema["columns"]) != table.columns:
+                    raise ParameterError(
+                        f"{args.data}: columns differ from data set {schema_src}'s schema"
+                    )
+                exponents = schema["column_exponents"]
+        dataset_id = args.into or client.create_dataset(args.dataset)["id"]
+        with _UploadBar(enabled=sys.stderr.isatty() and not args.json) as bar:
+            ds = client.upload_table(keys, table, dataset_id, exponents=exponents, progress=bar)
+    _out(
+        args,
+        ds,
+        ds["id"],
+    )
+    print(
+        f"uploaded {table.m} rows x {len(table.columns)} columns to data set {ds['id']} "
+        f"({ds['rows']} rows in total)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+class _UploadBar:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> _UploadBar:
+        if self.enabled:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+            self._progress = Progress(
+                "uploading", BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task("upload", total=None)
+        return self
+
+    def __call__(self, sent: int, total: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=sent, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(None, None, None)
+
+
+def _describe_dataset(d: dict[str, Any]) -> str:
+    label = (
+        f", label {d['label_column']!r} ({len(d['classes'])} classes)" if d["label_column"] else ""
+    )
+    return (
+        f"{d['id']}  {d['name']!r} owner {d['owner_id']}: {d['rows']} rows x "
+        f"{len(d['columns'])} columns{label}"
+    )
+
+
+@_guard
+def _datasets_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        items = client.list_datasets(args.kind)
+    _out(args, items, "\n".join(_describe_dataset(d) for d in items) or "(none)")
+    return 0
+
+
+@_guard
+def _datasets_show(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        d = client.get_dataset(args.dataset_id)
+    _out(args, d, _describe_dataset(d) + "\ncolumns: " + ", ".join(d["columns"]))
+    return 0
+
+
+@_guard
+def _datasets_grant(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        g = client.grant(args.dataset_id, args.subject)
+    _out(args, g, f"granted {g['dataset_id']} to {g['subject']}")
+    return 0
+
+
+@_guard
+def _masks_create(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    with _client(args) as client:
+        upload_id = client.create_masks(keys, args.count)
+    _out(args, {"mask_upload_id": upload_id}, upload_id)
+    return 0
+
+
+def _job_line(j: dict[str, Any]) -> str:
+    parties = "  ".join(
+        f"{p['name']}: {p['state']} {100 * p['progress']:.0f}%" for p in j["parties"]
+    )
+    err = f"\n  error: {j['error']}" if j["error"] else ""
+    return (
+        f"{j['id']}  {j['state']}  k={j['k']} m={j['m']} p={j['p']} {j['security']} "
+        f"{j['engine']}\n  {parties}{err}"
+    )
+
+
+@_guard
+def _jobs_submit(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    training = None
+    if args.epochs is not None:
+        training = {
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "learning_rate": args.learning_rate,
+        }
+    with _client(args) as client:
+        job = client.submit(
+            keys,
+            args.dataset,
+            label=args.label,
+            k=args.k,
+            security=args.security,
+            engine=args.engine,
+            combination=args.combination,
+            training=training,
+            mask_upload_id=args.mask_upload,
+        )
+        if not args.watch:
+            _out(args, job, job["id"])
+            return 0
+        print(f"job {job['id']} submitted", file=sys.stderr)
+        return _watch(client, job["id"], args.json)
+
+
+@_guard
+def _jobs_show(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        j = client.get_job(args.job_id)
+    _out(args, j, _job_line(j))
+    return 0
+
+
+@_guard
+def _jobs_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        items = client.list_jobs()
+    _out(args, items, "\n".join(_job_line(j) for j in items) or "(none)")
+    return 0
+
+
+@_guard
+def _jobs_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        j = client.cancel_job(args.job_id)
+    _out(args, j, _job_line(j))
+    return 0
+
+
+@_guard
+def _jobs_watch(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        return _watch(client, args.job_id, args.json)
+
+
+def _watch(client: GatewayClient, job_id: str, as_json: bool) -> int:
+    last: dict[str, Any] | None = None
+    live = sys.stderr.isatty() and not as_json
+    if live:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        with Progress(
+            TextColumn("{task.description:>6}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%  {task.fields[phase]}"),
+            console=Console(stderr=True),
+        ) as bar:
+            tasks: dict[int, Any] = {}
+            for job in client.events(job_id):
+                last = job
+                for p in job["parties"]:
+                    if p["index"] not in tasks:
+                        tasks[p["index"]] = bar.add_task(p["name"], total=1.0, phase="")
+                    bar.update(
+                        tasks[p["index"]],
+                        completed=p["progress"],
+                        phase=f"{p['state']}: {p['phase']}",
+                    )
+    else:
+        for job in client.events(job_id):
+            last = job
+            if as_json:
+                print(json.dumps(job), flush=True)
+            else:
+                print(_job_line(job), flush=True)
+    if last is None:
+        last = client.get_job(job_id)
+    if live:
+        print(_job_line(last))
+    return 0 if last["state"] == "succeeded" else EXIT_FAILED
+
+
+@_guard
+def _result_fetch(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    with _client(args) as client:
+        sel = client.fetch_result(keys, args.job_id)
+    if args.out is not None:
+        _write_reduced(args.out, sel)
+    obj: dict[str, Any] = {
+        "job_id": sel.job_id,
+        "selected": sel.columns,
+        "indices": sel.indices.tolist(),
+    }
+    text = "selected (best first):\n" + "\n".join(
+        f"  {r:3d}. {c}" for r, c in enumerate(sel.columns, start=1)
+    )
+    if sel.model is not None:
+        obj["model"] = sel.model.to_json()
+        text += "\nmodel (logistic regression, original units):\n" + json.dumps(
+            obj["model"], indent=1
+        )
+    _out(args, obj, text)
+    return 0
+
+
+def _write_reduced(path: Path, sel: ResultSelection) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(sel.columns)
+        for row in sel.reduced:
+            w.writerow([repr(float(v)) for v in row])
+    tmp.replace(path)
+
+
+def _keys_create(args: argparse.Namespace) -> int:
+    if args.out.exists():
+        _err(f"{args.out} exists; not overwriting a key file")
+        return EXIT_USAGE
+    keys = ClientKeys.generate(args.subject).save(args.out)
+    print(
+        json.dumps(
+            {
+                "subject": keys.subject,
+                "signing_public_key_hex": keys.verify_key.hex(),
+                "box_public_key_hex": keys.box_public_key.hex(),
+                "key_file": str(args.out),
+            }
+        )
+    )
+    return 0
+
+
+@_guard
+def _deployment(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        raw = client._call("GET", "/v1/deployment")
+    lines = [
+        f"{p['index']} {p['name']:6} mpc {p['mpc_address']}  engines {', '.join(p['engines'])}"
+        for p in raw["parties"]
+    ]
+    lines.append(f"scheme {raw['scheme']}; security settings {', '.join(raw['securities'])}")
+    _out(args, raw, "\n".join(lines))
+    return 0

@@ -1,0 +1,62 @@
+"""Typed dependencies of the routes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from ppfs_gateway.auth import Principal, TokenTable
+from ppfs_gateway.core.config import Settings
+from ppfs_gateway.jobs import JobCoordinator
+from ppfs_gateway.parties import Parties
+from ppfs_gateway.registry import Registry
+
+
+@dataclass
+class GatewayResources:
+    """Everything the lifespan creates, handed to the routes."""
+
+    settings: Settings
+    registry: Registry
+    parties: Parties
+    jobs: JobCoordinator
+    tokens: TokenTable
+
+
+def get_resources(request: Request) -> GatewayResources:
+    res: GatewayResources = request.app.state.resources
+    return res
+
+
+ResourcesDep = Annotated[GatewayResources, Depends(get_resources)]
+
+
+def get_registry(res: ResourcesDep) -> Registry:
+    return res.registry
+
+
+def get_parties(res: ResourcesDep) -> Parties:
+    return res.parties
+
+
+def get_jobs(res: ResourcesDep) -> JobCoordinator:
+    return res.jobs
+
+
+_bearer = HTTPBearer(auto_error=False, description="per-role bearer token")
+
+
+def get_principal(
+    res: ResourcesDep,
+    cred: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    return res.tokens.authenticate(cred.credentials if cred else None)
+
+
+RegistryDep = Annotated[Registry, Depends(get_registry)]
+PartiesDep = Annotated[Parties, Depends(get_parties)]
+JobsDep = Annotated[JobCoordinator, Depends(get_jobs)]
+PrincipalDep = Annotated[Principal, Depends(get_principal)]

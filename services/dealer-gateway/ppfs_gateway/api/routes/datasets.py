@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, status
+
+from ppfs_gateway.api.deps import PartiesDep, PrincipalDep, RegistryDep
+from ppfs_gateway.api.schemas import (
+    DatasetCreate,
+    DatasetOut,
+    GrantCreate,
+    GrantOut,
+    UploadCreate,
+    b64decode,
+)
+from ppfs_gateway.core.config import Role
+from ppfs_gateway.errors import InvalidRequest
+from ppfs_gateway.registry import DatasetRecord
+from ppfs_gateway.uploads import (
+    UploadPart,
+    can_see,
+    create_dataset,
+    relay_upload,
+    visible_dataset,
+)
+
+router = APIRouter(tags=["datasets"])
+
+
+def dataset_out(ds: DatasetRecord) -> DatasetOut:
+    s = ds.schema
+    return DatasetOut(
+        id=ds.id,
+        name=ds.name,
+        owner_id=ds.owner_id,
+        kind=ds.kind,
+        rows=ds.rows,
+        p=len(s.columns) if s else 0,
+        columns=list(s.columns) if s else [],
+        column_exponents=list(s.column_exponents) if s else [],
+        label_column=s.label_column if s else "",
+        classes=list(s.classes) if s else [],
+        frac_bits=s.frac_bits if s else None,
+        upload_ids=list(ds.upload_ids),
+        created_at=ds.created_at,
+    )
+
+
+@router.post("/v1/datasets", status_code=status.HTTP_201_CREATED, response_model=DatasetOut)
+def post_dataset(body: DatasetCreate, who: PrincipalDep, registry: RegistryDep) -> DatasetOut:
+    """Create an empty data set (kind "data") or a mask holder (kind "mask")."""
+    return dataset_out(create_dataset(registry, who, body.name, body.kind, body.owner_id))
+
+
+@router.get("/v1/datasets", response_model=list[DatasetOut])
+def list_datasets(
+    who: PrincipalDep, registry: RegistryDep, kind: Literal["data", "mask"] = "data"
+) -> list[DatasetOut]:
+    """The data sets this principal may see: its own and those an admin granted to it."""
+    return [dataset_out(d) for d in registry.list_datasets(kind) if can_see(d, who)]
+
+
+@router.get("/v1/datasets/{dataset_id}", response_model=DatasetOut)
+def get_dataset(dataset_id: str, who: PrincipalDep, registry: RegistryDep) -> DatasetOut:
+    return dataset_out(visible_dataset(registry, dataset_id, who))
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/uploads",
+    status_code=status.HTTP_201_CREATED,
+    response_model=DatasetOut,
+)
+async def post_upload(
+    dataset_id: str,
+    body: UploadCreate,
+    who: PrincipalDep,
+    registry: RegistryDep,
+    parties: PartiesDep,
+) -> DatasetOut:
+    """Relay the owner's sealed parts, one per party, with the signed manifest. The data set
+    (or the new rows) becomes visible once every party stored its part."""
+    ds = visible_dataset(registry, dataset_id, who)
+    up = UploadPart(
+        manifest=b64decode(body.manifest, "manifest"),
+        signature=b64decode(body.manifest_signature, "manifest_signature"),
+        parts=tuple(b64decode(p, f"part {i}") for i, p in enumerate(body.parts)),
+        upload_id=body.upload_id,
+    )
+    if len(up.signature) != 64:
+        raise InvalidRequest("manifest_signature must be a 64-byte Ed25519 signature")
+    return dataset_out(await relay_upload(registry, parties, ds, up, who))
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/grants",
+    status_code=status.HTTP_201_CREATED,
+    response_model=GrantOut,
+)
+def post_grant(
+    dataset_id: str, body: GrantCreate, who: PrincipalDep, registry: RegistryDep
+) -> GrantOut:
+    """Admins: let an analyst see a data set's schema and run jobs on it."""
+    who.require(Role.ADMIN)
+    ds = visible_dataset(registry, dataset_id, who)
+    if ds.kind != "data":
+        raise InvalidRequest("only data sets are granted")
+    registry.grant(ds.id, body.subject)
+    return GrantOut(dataset_id=ds.id, subject=body.subject)

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from ppfs.fixedpoint import FixedPoint
+from ppfs.step2a import Security
+from ppfs_gateway.api.deps import PartiesDep, PrincipalDep
+from ppfs_gateway.api.schemas import DeploymentOut, FixedPointOut, PartyOut, b64encode
+
+router = APIRouter(tags=["deployment"])
+
+
+@router.get("/v1/deployment", response_model=DeploymentOut)
+async def get_deployment(_who: PrincipalDep, parties: PartiesDep) -> DeploymentOut:
+    """The parties' public identities (from their GetIdentity), the sharing scheme and the
+    fixed-point parameters a client encodes with."""
+    ids = await parties.identities()
+    fp = FixedPoint()
+    n = len(ids)
+    return DeploymentOut(
+        parties=[
+            PartyOut(
+                index=i.index,
+                name=i.name,
+                box_public_key=b64encode(i.box_public_key),
+                signing_public_key=b64encode(i.signing_public_key),
+                mpc_address=f"{i.mpc_host}:{i.mpc_port_base}",
+                engines=list(i.engines),
+            )
+            for i in ids
+        ],
+        scheme="rep3" if n == 3 else "rep4",
+        securities=[s.value for s in Security if s.parties == n],
+        fixed_point=FixedPointOut(
+            frac_bits=fp.frac_bits, value_bits=fp.value_bits, target_bits=fp.target_bits
+        ),
+    )

@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, status
+from fastapi.responses import StreamingResponse
+
+from ppfs.engines.base import PARTY_NAMES
+from ppfs_gateway.api.deps import JobsDep, PrincipalDep
+from ppfs_gateway.api.schemas import (
+    JobCreate,
+    JobOut,
+    PartyStateOut,
+    ResultOut,
+    ResultPartOut,
+    TrainingIn,
+    b64decode,
+    b64encode,
+)
+from ppfs_gateway.core.config import Role
+from ppfs_gateway.errors import InvalidRequest
+from ppfs_gateway.jobs import JobCoordinator, JobSpec
+from ppfs_gateway.registry import FINAL_STATES, JobRecord
+
+router = APIRouter(tags=["jobs"])
+
+
+def job_out(job: JobRecord) -> JobOut:
+    r = job.request
+    return JobOut(
+        id=job.id,
+        state=job.state,  # type: ignore[arg-type]
+        error=job.error,
+        submitter=job.submitter,
+        dataset_ids=r["dataset_ids"],
+        combination=r["combination"],
+        label_column=r["label_column"],
+        k=r["k"],
+        security=r["security"],
+        engine=r["engine"],
+        mask_upload_id=r["mask_upload_id"],
+        training=TrainingIn(**r["training"]) if r.get("training") else None,
+        m=r["m"],
+        p=r["p"],
+        outputs=r["outputs"],
+        columns=r["columns"],
+        column_exponents=r["column_exponents"],
+        classes=r["classes"],
+        frac_bits=r["frac_bits"],
+        description_sha256=job.description_sha256,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        parties=[
+            PartyStateOut(
+                index=p.party,
+                name=PARTY_NAMES[p.party],
+                state=p.state,
+                phase=p.phase,
+                progress=p.progress,
+                error=p.error,
+                program_sha256=p.program_sha256,
+                seconds=p.seconds,
+                bytes_sent=p.bytes_sent,
+            )
+            for p in job.parties
+        ],
+    )
+
+
+@router.post("/v1/jobs", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut)
+async def post_job(body: JobCreate, who: PrincipalDep, jobs: JobsDep) -> JobOut:
+    """Submit Step 2A (and, with `training`, Step 2B) on data sets combined horizontally
+    (same columns, rows appended) or vertically (same rows, columns joined)."""
+    key = b64decode(body.recipient_public_key, "recipient_public_key")
+    if len(key) != 32:
+        raise InvalidRequest("recipient_public_key must be a 32-byte X25519 public key")
+    spec = JobSpec(
+        dataset_ids=tuple(body.dataset_ids),
+        combination=body.combination,
+        label_column=body.label_column,
+        k=body.k,
+        security=body.security,
+        engine=body.engine,
+        recipient_public_key=key,
+        mask_upload_id=body.mask_upload_id,
+        training=body.training.model_dump() if body.training else None,
+    )
+    return job_out(await jobs.submit(who, spec))
+
+
+@router.get("/v1/jobs", response_model=list[JobOut])
+def list_jobs(who: PrincipalDep, jobs: JobsDep) -> list[JobOut]:
+    submitter = None if who.role is Role.ADMIN else who.subject
+    return [job_out(j) for j in jobs.registry.list_jobs(submitter)]
+
+
+@router.get("/v1/jobs/{job_id}", response_model=JobOut)
+def get_job(job_id: str, who: PrincipalDep, jobs: JobsDep) -> JobOut:
+    return job_out(jobs.visible(who, job_id))
+
+
+@router.post("/v1/jobs/{job_id}/cancel", response_model=JobOut)
+async def cancel_job(job_id: str, who: PrincipalDep, jobs: JobsDep) -> JobOut:
+    return job_out(await jobs.cancel(who, job_id))
+
+
+async def _events(jobs: JobCoordinator, job_id: str) -> AsyncIterator[bytes]:
+    last = ""
+    while True:
+        changed = jobs.change_event(job_id)  # before reading: no change can slip past
+        job = jobs.registry.get_job(job_id)
+        if job is None:
+            return
+        data = job_out(job).model_dump_json()
+        if data != last:
+            last = data
+            yield f"event: job\ndata: {data}\n\n".encode()
+        if job.state in FINAL_STATES:
+            yield b"event: end\ndata: {}\n\n"
+            return
+        await jobs.wait_change(job_id, 15.0, changed)
+        yield b": keep-alive\n\n"
+
+
+@router.get(
+    "/v1/jobs/{job_id}/events",
+    responses={200: {"content": {"text/event-stream": {}}, "description": "job states"}},
+)
+def job_events(job_id: str, who: PrincipalDep, jobs: JobsDep) -> StreamingResponse:
+    """Server-sent events: one `job` event (the job as JSON) per change, then `end`."""
+    jobs.visible(who, job_id)
+    return StreamingResponse(
+        _events(jobs, job_id),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get("/v1/jobs/{job_id}/result", response_model=ResultOut)
+async def get_result(job_id: str, who: PrincipalDep, jobs: JobsDep) -> ResultOut:
+    """Every party's result part, sealed to the job's recipient: only the recipient can open
+    them and remove its masks."""
+    parts = await jobs.fetch_result(who, job_id)
+    return ResultOut(
+        job_id=job_id,
+        parts=[
+            ResultPartOut(
+                party_index=p.party_index,
+                sealed=b64encode(p.sealed),
+                signature=b64encode(p.signature),
+            )
+            for p in parts
+        ],
+    )

@@ -1,0 +1,199 @@
+"""Request and response bodies of the REST API (public metadata only)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from ppfs_gateway.errors import MalformedUpload
+from ppfs_gateway.uploads import ID_PATTERN
+
+
+def _utf8(v: str) -> str:
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid UTF-8") from None
+    if any(ord(ch) < 32 for ch in v):
+        raise ValueError("control characters are not allowed")
+    return v
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+Identifier = Annotated[str, Field(pattern=ID_PATTERN, min_length=1, max_length=64)]
+Base64 = Annotated[str, Field(pattern=r"^[A-Za-z0-9+/=]*$", description="standard base64")]
+
+
+def b64decode(value: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise MalformedUpload(f"{what} is not valid base64") from None
+
+
+def b64encode(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PartyOut(BaseModel):
+    index: int
+    name: str
+    box_public_key: str = Field(description="X25519, base64: seal share bundles to it")
+    signing_public_key: str = Field(description="Ed25519, base64: signs result parts")
+    mpc_address: str
+    engines: list[str]
+
+
+class FixedPointOut(BaseModel):
+    frac_bits: int
+    value_bits: int
+    target_bits: int
+
+
+class DeploymentOut(BaseModel):
+    parties: list[PartyOut]
+    scheme: str
+    securities: list[str]
+    fixed_point: FixedPointOut
+
+
+class DatasetCreate(Strict):
+    name: Annotated[Text, Field(min_length=1, max_length=128)]
+    kind: Literal["data", "mask"] = "data"
+    owner_id: Identifier | None = Field(default=None, description="admins only: the owner")
+
+
+class DatasetOut(BaseModel):
+    id: str
+    name: str
+    owner_id: str
+    kind: str
+    rows: int = Field(description="m: rows over every upload")
+    p: int = Field(description="number of feature columns")
+    columns: list[str]
+    column_exponents: list[int]
+    label_column: str
+    classes: list[str]
+    frac_bits: int | None
+    upload_ids: list[str]
+    created_at: str
+
+
+class UploadCreate(Strict):
+    upload_id: Identifier
+    manifest: Base64 = Field(description="canonical JSON manifest (ppfs.upload.Manifest)")
+    manifest_signature: Base64 = Field(description="Ed25519 by the owner over the manifest")
+    parts: list[Base64] = Field(
+        min_length=1, max_length=4, description="sealed part per party, in party order"
+    )
+
+
+class GrantCreate(Strict):
+    subject: Identifier
+
+
+class GrantOut(BaseModel):
+    dataset_id: str
+    subject: str
+
+
+class TrainingIn(Strict):
+    epochs: int = Field(ge=1, le=10_000)
+    batch_size: int = Field(ge=1, le=1 << 20)
+    learning_rate: float = Field(gt=0, le=100)
+
+
+class JobCreate(Strict):
+    dataset_ids: list[Identifier] = Field(min_length=1, max_length=16)
+    combination: Literal["horizontal", "vertical"] = "horizontal"
+    label_column: Annotated[Text, Field(min_length=1, max_length=256)]
+    k: int = Field(ge=1, le=1 << 20)
+    security: Literal["passive-3pc", "active-3pc", "active-4pc", "passive-4pc"] = "passive-3pc"
+    engine: Literal["mp-spdz", "mpyc"] = "mp-spdz"
+    training: TrainingIn | None = None
+    recipient_public_key: Base64 = Field(description="X25519 public key, base64 (32 bytes)")
+    mask_upload_id: Identifier
+
+
+class PartyStateOut(BaseModel):
+    index: int
+    name: str
+    state: str
+    phase: str
+    progress: float
+    error: str
+    program_sha256: str
+    seconds: float
+    bytes_sent: int
+
+
+class JobOut(BaseModel):
+    id: str
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    error: str
+    submitter: str
+    dataset_ids: list[str]
+    combination: str
+    label_column: str
+    k: int
+    security: str
+    engine: str
+    mask_upload_id: str
+    training: TrainingIn | None
+    m: int
+    p: int
+    outputs: int
+    columns: list[str]
+    column_exponents: list[int]
+    classes: list[str]
+    frac_bits: int
+    description_sha256: str
+    created_at: str
+    updated_at: str
+    parties: list[PartyStateOut]
+
+
+class ResultPartOut(BaseModel):
+    party_index: int
+    sealed: str = Field(description="sealed box to the recipient, base64")
+    signature: str = Field(description="Ed25519 by the party over job_id || sealed, base64")
+
+
+class ResultOut(BaseModel):
+    job_id: str
+    parts: list[ResultPartOut]
+
+
+class ProblemOut(BaseModel):
+    """RFC 9457 problem details (media type application/problem+json)."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str
+    errors: list[dict[str, Any]] | None = None
+
+
+def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    what = {
+        401: "no or unknown bearer token",
+        403: "the token's role may not do this",
+        404: "no such resource visible to this principal",
+        409: "conflicts with the current state",
+        413: "request body too large",
+        422: "invalid request, malformed upload or incompatible schemas",
+        502: "a party did not answer",
+    }
+    schema = ProblemOut.model_json_schema()
+    return {
+        c: {"description": what[c], "content": {"application/problem+json": {"schema": schema}}}
+        for c in codes
+    }

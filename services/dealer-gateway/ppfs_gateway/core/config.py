@@ -1,0 +1,159 @@
+"""Gateway settings: one typed object, built in ``main()`` from a config file and
+the environment, and passed down. Nothing here is read at import time.
+
+The config file is JSON::
+
+    {
+      "state_dir": "/var/lib/ppfs-gateway",
+      "parties": [{"address": "alice:7000", "tls_server_name": "Alice"}, ...],
+      "tls": {"ca_cert": "ca.pem", "client_cert": "gw.pem", "client_key": "gw.key"},
+      "tokens_file": "tokens.json",
+      "https_cert": "https.pem", "https_key": "https.key"     (optional)
+    }
+
+and the tokens file a list of ``{"token": ..., "role": ..., "subject": ...}``. Relative
+paths are taken relative to the config file. Tokens are secrets: they are held as
+:class:`pydantic.SecretStr` and never logged or echoed.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from ppfs.errors import ParameterError
+
+CONFIG_ENV = "PPFS_GATEWAY_CONFIG"
+TOKENS_ENV = "PPFS_GATEWAY_TOKENS_FILE"
+
+
+class Role(enum.StrEnum):
+    DATA_OWNER = "data_owner"
+    ANALYST = "analyst"
+    ADMIN = "admin"
+
+
+class TokenEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    token: SecretStr = Field(min_length=16, description="bearer token (secret)")
+    role: Role
+    subject: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="owner id of a data owner, or the analyst's / admin's id",
+    )
+
+
+class PartyEndpoint(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    address: str = Field(min_length=3, description="host:port of the party's control plane")
+    tls_server_name: str = Field(min_length=1, description="name in the party's certificate")
+
+
+class TlsSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ca_cert: Path
+    client_cert: Path
+    client_key: Path
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state_dir: Path
+    parties: tuple[PartyEndpoint, ...]
+    tls: TlsSettings
+    tokens: tuple[TokenEntry, ...]
+    host: str = "127.0.0.1"
+    port: int = Field(default=8443, ge=0, le=65535)
+    max_upload_bytes: int = Field(default=256 << 20, ge=1024)
+    party_lost_seconds: float = Field(default=60.0, gt=0)
+    party_rpc_seconds: float = Field(default=30.0, gt=0)
+    # HTTPS for the REST API (bearer tokens travel in every request): certificate and key
+    # files; without them the gateway speaks plain HTTP (localhost or behind a TLS proxy)
+    https_cert: Path | None = None
+    https_key: Path | None = None
+
+    @model_validator(mode="after")
+    def _https_pair(self) -> Settings:
+        if (self.https_cert is None) != (self.https_key is None):
+            raise ValueError("give both https_cert and https_key, or neither")
+        return self
+
+    @field_validator("parties")
+    @classmethod
+    def _three_or_four(cls, v: tuple[PartyEndpoint, ...]) -> tuple[PartyEndpoint, ...]:
+        if len(v) not in (3, 4):
+            raise ValueError(f"a deployment has 3 or 4 parties, not {len(v)}")
+        return v
+
+    @field_validator("tokens")
+    @classmethod
+    def _distinct(cls, v: tuple[TokenEntry, ...]) -> tuple[TokenEntry, ...]:
+        secrets = [t.token.get_secret_value() for t in v]
+        if len(set(secrets)) != len(secrets):
+            raise ValueError("two principals share a token")
+        if not v:
+            raise ValueError("configure at least one token")
+        return v
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "registry.sqlite3"
+
+
+def _resolve(base: Path, value: Any) -> Any:
+    return str(base / value) if isinstance(value, str) and not Path(value).is_absolute() else value
+
+
+def load_settings(
+    path: Path | None = None, env: Mapping[str, str] | None = None, **overrides: Any
+) -> Settings:
+    """Read the config file (``path`` or ``$PPFS_GATEWAY_CONFIG``) and its tokens file."""
+    env = os.environ if env is None else env
+    where = path or (Path(env[CONFIG_ENV]) if env.get(CONFIG_ENV) else None)
+    if where is None:
+        raise ParameterError(f"no gateway config: pass --config or set {CONFIG_ENV}")
+    try:
+        raw = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ParameterError(f"{where}: cannot read the gateway config ({exc})") from None
+    base = where.parent
+    raw["state_dir"] = _resolve(base, raw.get("state_dir", "."))
+    for key in ("https_cert", "https_key"):
+        if raw.get(key):
+            raw[key] = _resolve(base, raw[key])
+    if isinstance(raw.get("tls"), dict):
+        raw["tls"] = {k: _resolve(base, v) for k, v in raw["tls"].items()}
+    tokens_file = raw.pop("tokens_file", None) or env.get(TOKENS_ENV)
+    if tokens_file is not None and "tokens" not in raw:
+        tf = Path(_resolve(base, tokens_file))
+        try:
+            raw["tokens"] = json.loads(tf.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ParameterError(f"{tf}: cannot read the tokens file ({exc})") from None
+    raw.update(overrides)
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as exc:
+        # the message names fields, never values (a token could be among them)
+        fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+        raise ParameterError(f"{where}: invalid gateway config in {', '.join(fields)}") from None

@@ -1,0 +1,354 @@
+"""A local development stack: the party daemons and the gateway as processes on this
+machine, with a fresh development PKI, client keys and bearer tokens in a state
+directory (./.ppfs by default; reused when it exists).
+
+Layout of the state directory (private files mode 0600)::
+
+    ca/                 development CA (ca.key stays here)
+    parties/p<i>-<name>/  each party's own state: keys, certificates, uploads, audit log
+    gateway/            gateway.json, tls/ (client key and certificate), state/ (registry)
+    keys/<subject>.key  the principals' key files (signing and result keys)
+    tokens.json         bearer tokens per principal
+    env/<subject>.env   PPFS_GATEWAY, PPFS_TOKEN and PPFS_KEY for `source`
+    logs/               one log per process
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from ppfs.engines.base import PARTY_NAMES
+from ppfs.errors import PpfsError
+
+PRINCIPALS = (
+    ("data_owner", "owner-a"),
+    ("data_owner", "owner-b"),
+    ("analyst", "analyst"),
+    ("admin", "admin"),
+)
+START_TIMEOUT = 60.0
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+@dataclass
+class StackLayout:
+    root: Path
+    parties: int
+    party_dirs: list[Path] = field(default_factory=list)
+    tokens: dict[str, str] = field(default_factory=dict)  # subject -> token
+
+    @property
+    def tokens_file(self) -> Path:
+        return self.root / "tokens.json"
+
+    def key_file(self, subject: str) -> Path:
+        return self.root / "keys" / f"{subject}.key"
+
+    def env_file(self, subject: str) -> Path:
+        return self.root / "env" / f"{subject}.env"
+
+
+def prepare(root: Path, parties: int) -> StackLayout:
+    """Make (or reuse) the CA, party states, gateway client identity, keys and tokens."""
+    from ppfs_client.keys import ClientKeys
+    from ppfs_party.config import PartySettings
+    from ppfs_party.keys import issue_client_identity, load_ca, save_ca, sign_party_requests
+    from ppfs_party.state import open_state
+    from ppfs_party.store import register_owner
+
+    from ppfs.pki import CertificateAuthority
+
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    layout = StackLayout(root, parties)
+    ca_dir = root / "ca"
+    if not (ca_dir / "ca.key").exists():
+        save_ca(CertificateAuthority.create("ppfs development CA"), ca_dir)
+    ca = load_ca(ca_dir)
+    for i in range(parties):
+        state = root / "parties" / f"p{i}-{PARTY_NAMES[i].lower()}"
+        if not (state / "certs" / "control.pem").exists():
+            open_state(PartySettings(state_dir=state, index=i))
+            sign_party_requests(ca, state)
+        layout.party_dirs.append(state)
+    tls = root / "gateway" / "tls"
+    if not (tls / "gateway.pem").exists():
+        _, cert = issue_client_identity(ca, "gateway", tls / "gateway.key")
+        (tls / "gateway.pem").write_bytes(cert)
+        (tls / "ca.pem").write_bytes(ca.cert_pem())
+    for _, subject in PRINCIPALS:
+        path = layout.key_file(subject)
+        keys = ClientKeys.load(path) if path.exists() else ClientKeys.generate(subject).save(path)
+        for state in layout.party_dirs:
+            register_owner(state, subject, keys.verify_key)
+    if layout.tokens_file.exists():
+        entries = json.loads(layout.tokens_file.read_text(encoding="utf-8"))
+    else:
+        entries = [
+            {"token": secrets.token_urlsafe(32), "role": role, "subject": subject}
+            for role, subject in PRINCIPALS
+        ]
+        _write_private(layout.tokens_file, json.dumps(entries, indent=1))
+    layout.tokens = {e["subject"]: e["token"] for e in entries}
+    return layout
+
+
+class Stack:
+    """The running processes of a local stack."""
+
+    def __init__(self, layout: StackLayout) -> None:
+        self.layout = layout
+        self.procs: list[tuple[str, asyncio.subprocess.Process]] = []
+        self.url = ""
+
+    async def _spawn(self, name: str, argv: list[str]) -> asyncio.subprocess.Process:
+        logs = self.layout.root / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{name}.log", "ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        self.procs.append((name, proc))
+        return proc
+
+    async def _port(self, name: str, proc: asyncio.subprocess.Process, path: Path) -> int:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if path.exists() and path.read_text().strip():
+                return int(path.read_text())
+            if proc.returncode is not None:
+                raise PpfsError(
+                    f"{name} exited with code {proc.returncode} while starting; "
+                    f"see {self.layout.root / 'logs' / (name + '.log')}"
+                )
+            await asyncio.sleep(0.1)
+        raise PpfsError(f"{name} did not start within {START_TIMEOUT:.0f} s")
+
+    async def start(self, port: int) -> None:
+        lay = self.layout
+        run = lay.root / "run"
+        run.mkdir(exist_ok=True)
+        mpc_ports = _free_ports(lay.parties)
+        party_ports = []
+        for i, state in enumerate(lay.party_dirs):
+            name = PARTY_NAMES[i].lower()
+            pf = run / f"{name}.port"
+            pf.unlink(missing_ok=True)
+            argv = [
+                sys.executable, "-m", "ppfs_party", "serve",
+                "--state-dir", str(state), "--index", str(i),
+                "--listen", "127.0.0.1:0", "--port-file", str(pf),
+                "--mpc-host", "127.0.0.1", "--mpc-port", str(mpc_ports[i]),
+                "--mpc-bind-host", "127.0.0.1",
+            ]  # fmt: skip
+            proc = await self._spawn(name, argv)
+            party_ports.append(await self._port(name, proc, pf))
+        gw_dir = lay.root / "gateway"
+        config = {
+            "state_dir": "state",
+            "parties": [
+                {"address": f"127.0.0.1:{p}", "tls_server_name": PARTY_NAMES[i].lower()}
+                for i, p in enumerate(party_ports)
+            ],
+            "tls": {
+                "ca_cert": "tls/ca.pem",
+                "client_cert": "tls/gateway.pem",
+                "client_key": "tls/gateway.key",
+            },
+            "tokens_file": str(lay.tokens_file.resolve()),
+            "host": "127.0.0.1",
+            "port": port,
+        }
+        (gw_dir / "gateway.json").write_text(json.dumps(config, indent=1))
+        pf = run / "gateway.port"
+        pf.unlink(missing_ok=True)
+        argv = [
+            sys.executable, "-m", "ppfs.cli", "gateway", "serve",
+            "--config", str(gw_dir / "gateway.json"), "--port-file", str(pf),
+        ]  # fmt: skip
+        proc = await self._spawn("gateway", argv)
+        self.url = f"http://127.0.0.1:{await self._port('gateway', proc, pf)}"
+        async with httpx.AsyncClient() as http:
+            resp = await http.get(
+                self.url + "/v1/deployment",
+                headers={"Authorization": f"Bearer {lay.tokens['admin']}"},
+                timeout=30,
+            )
+            if resp.status_code != 200:
+                raise PpfsError(f"the gateway cannot reach every party ({resp.status_code})")
+        for _, subject in PRINCIPALS:
+            _write_private(
+                lay.env_file(subject),
+                f"export PPFS_GATEWAY={self.url}\n"
+                f"export PPFS_TOKEN={lay.tokens[subject]}\n"
+                f"export PPFS_KEY={lay.key_file(subject).resolve()}\n",
+            )
+
+    async def stop(self) -> None:
+        for _, proc in reversed(self.procs):
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc in reversed(self.procs):
+            try:
+                await asyncio.wait_for(proc.wait(), 15)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        self.procs.clear()
+
+
+async def run_stack(args: argparse.Namespace) -> int:
+    layout = await asyncio.to_thread(prepare, args.state_dir, args.parties)
+    stack = Stack(layout)
+    try:
+        await stack.start(args.port)
+        names = ", ".join(PARTY_NAMES[: args.parties])
+        print(f"ppfs: {args.parties} parties ({names}) and the gateway are up")
+        print(f"  gateway      {stack.url}   (OpenAPI: {stack.url}/docs)")
+        print(f"  tokens       {layout.tokens_file}")
+        print(
+            f"  environment  source {layout.env_file('owner-a')}   (also owner-b, analyst, admin)"
+        )
+        print(f"  logs         {layout.root / 'logs'}")
+        print("Ctrl-C stops everything.", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        waiters = [asyncio.create_task(p.wait()) for _, p in stack.procs]
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait([stopper, *waiters], return_when=asyncio.FIRST_COMPLETED)
+        for t in (stopper, *waiters):
+            t.cancel()
+        dead = [name for name, p in stack.procs if p.returncode is not None]
+        if dead:
+            print(f"ppfs: error: {', '.join(dead)} stopped; stopping the stack", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        await stack.stop()
+
+
+async def run_demo(args: argparse.Namespace) -> int:
+    from ppfs.engines.registry import default_engine_name
+
+    engine = args.engine or default_engine_name()
+    tmp: tempfile.TemporaryDirectory[str] | None = None
+    root = args.state_dir
+    if root is None:
+        tmp = tempfile.TemporaryDirectory(prefix="ppfs-demo-")
+        root = Path(tmp.name)
+    try:
+        layout = await asyncio.to_thread(prepare, root, args.parties)
+        stack = Stack(layout)
+        try:
+            await stack.start(0 if args.state_dir is None else args.port)
+            print(f"demo: stack up, gateway {stack.url}, engine {engine}", file=sys.stderr)
+            return await asyncio.to_thread(_demo_flow, stack, layout, args, engine)
+        finally:
+            await stack.stop()
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.cleanup()
+
+
+def _demo_flow(stack: Stack, layout: StackLayout, args: argparse.Namespace, engine: str) -> int:
+    import numpy as np
+    from ppfs_client.keys import ClientKeys
+    from ppfs_client.sdk import GatewayClient, OwnerTable
+
+    from ppfs.oracle import ms_gini_top_k
+    from ppfs.synthetic import make_table
+
+    t = make_table(args.rows, args.cols, seed=args.seed)
+    half = t.m // 2
+    security = (
+        "passive-3pc"
+        if args.parties == 3
+        else ("active-4pc" if engine == "mp-spdz" else "passive-4pc")
+    )
+
+    def client(subject: str) -> GatewayClient:
+        return GatewayClient(stack.url, layout.tokens[subject])
+
+    def keys(subject: str) -> ClientKeys:
+        return ClientKeys.load(layout.key_file(subject))
+
+    def part(rows: slice) -> OwnerTable:
+        return OwnerTable(t.columns, t.x[rows], t.label_column, t.classes, t.y[rows])
+
+    with (
+        client("owner-a") as a,
+        client("owner-b") as b,
+        client("admin") as admin,
+        client("analyst") as analyst,
+    ):
+        ds_a = a.create_dataset("demo-hospital-a")
+        a.upload_table(keys("owner-a"), part(slice(0, half)), ds_a["id"])
+        print(f"demo: owner-a uploaded {half} rows as data set {ds_a['id']}", file=sys.stderr)
+        admin.grant(ds_a["id"], "owner-b")
+        exps = b.get_dataset(ds_a["id"])["column_exponents"]
+        ds_b = b.create_dataset("demo-hospital-b")
+        b.upload_table(keys("owner-b"), part(slice(half, t.m)), ds_b["id"], exponents=exps)
+        print(f"demo: owner-b uploaded {t.m - half} rows as data set {ds_b['id']}", file=sys.stderr)
+        for d in (ds_a, ds_b):
+            admin.grant(d["id"], "analyst")
+        job = analyst.submit(
+            keys("analyst"), [ds_a["id"], ds_b["id"]], label=t.label_column, k=args.k,
+            security=security, engine=engine,
+        )  # fmt: skip
+        print(f"demo: job {job['id']} submitted ({security} on {engine})", file=sys.stderr)
+        last = job
+        for ev in analyst.events(job["id"]):
+            if ev["parties"] != last["parties"] or ev["state"] != last["state"]:
+                progress = "  ".join(
+                    f"{p['name']} {p['state']} {100 * p['progress']:.0f}%" for p in ev["parties"]
+                )
+                print(f"demo: {ev['state']:9}  {progress}", file=sys.stderr)
+            last = ev
+        final = analyst.get_job(job["id"])
+        if final["state"] != "succeeded":
+            print(f"ppfs: error: job {final['state']}: {final['error']}", file=sys.stderr)
+            return 1
+        sel = analyst.fetch_result(keys("analyst"), job["id"])
+    print(f"selected {args.k} of {t.p} features (best first):")
+    for rank, name in enumerate(sel.columns, start=1):
+        print(f"  {rank:3d}. {name}")
+    plain = ms_gini_top_k(t.x, t.y, t.n_classes, args.k)
+    print(
+        "plaintext MS-GINI on the same data selects: " + ", ".join(t.columns[int(j)] for j in plain)
+    )
+    return 0 if np.array_equal(sel.indices, plain) else 1

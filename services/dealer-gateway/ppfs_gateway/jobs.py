@@ -1,0 +1,453 @@
+"""Jobs: checked and planned into one canonical JobDescription, started on every
+party with the same description and its SHA-256, then watched.
+
+A job moves queued -> running -> succeeded | failed | cancelled and never leaves a
+final state. It fails naming the party whose own state failed, that refused to
+start it, or that could not be reached for ``party_lost_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ppfs.errors import ParameterError
+from ppfs.fixedpoint import FixedPoint
+from ppfs.step2a import Security, Step2AShape
+from ppfs.v1 import party_pb2 as pb
+from ppfs_gateway.auth import Principal
+from ppfs_gateway.core.config import Role
+from ppfs_gateway.errors import (
+    Conflict,
+    Forbidden,
+    GatewayError,
+    IncompatibleSchemas,
+    InvalidRequest,
+    NotFound,
+)
+from ppfs_gateway.parties import Parties, PartyClient
+from ppfs_gateway.registry import FINAL_STATES, JobRecord, PartyJobState, Registry
+from ppfs_gateway.uploads import new_id, visible_dataset
+
+log = logging.getLogger("ppfs.gateway")
+
+STATE_NAMES = {
+    pb.JOB_STATE_UNSPECIFIED: "queued",
+    pb.JOB_STATE_QUEUED: "queued",
+    pb.JOB_STATE_RUNNING: "running",
+    pb.JOB_STATE_SUCCEEDED: "succeeded",
+    pb.JOB_STATE_FAILED: "failed",
+    pb.JOB_STATE_CANCELLED: "cancelled",
+}
+COMBINATIONS = {"horizontal": pb.COMBINATION_HORIZONTAL, "vertical": pb.COMBINATION_VERTICAL}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    dataset_ids: tuple[str, ...]
+    combination: str
+    label_column: str
+    k: int
+    security: str
+    engine: str
+    recipient_public_key: bytes
+    mask_upload_id: str
+    training: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    description: pb.JobDescription
+    sha256: str
+    shape: Step2AShape
+    columns: tuple[str, ...]
+    column_exponents: tuple[int, ...]
+    classes: tuple[str, ...]
+
+
+def expected_outputs(shape: Step2AShape, training: dict[str, Any] | None) -> tuple[int, ...]:
+    """Mask words a job may open: k indices and D' (m*k); with training (Step 2B) also
+    the model, with or without D' (a training job may keep D' inside MPC)."""
+    if training is None:
+        return (shape.outputs,)
+    from ppfs.step2b import TrainParams, model_outputs  # Step 2B only
+
+    TrainParams(
+        epochs=int(training["epochs"]),
+        batch=int(training["batch_size"]),
+        lr=float(training["learning_rate"]),
+    )  # ParameterError when out of range
+    model = model_outputs(shape.p, shape.n_classes)
+    return (shape.k + model, shape.k + shape.m * shape.k + model)
+
+
+def canonical(desc: pb.JobDescription) -> tuple[bytes, str]:
+    blob = desc.SerializeToString(deterministic=True)
+    return blob, hashlib.sha256(blob).hexdigest()
+
+
+def plan_job(
+    registry: Registry,
+    who: Principal,
+    spec: JobSpec,
+    identities: list[pb.PartyIdentity],
+    job_id: str,
+) -> JobPlan:
+    """Every check a job needs before anything is stored or sent (pure but for reads)."""
+    try:
+        security = Security(spec.security)
+    except ValueError:
+        raise InvalidRequest(
+            f"unknown security setting {spec.security!r}; "
+            f"choose one of {', '.join(s.value for s in Security)}"
+        ) from None
+    if security.parties != len(identities):
+        raise InvalidRequest(
+            f"{security.value} needs {security.parties} parties; "
+            f"this deployment has {len(identities)}"
+        )
+    for ident in identities:
+        if spec.engine not in ident.engines:
+            raise InvalidRequest(f"{ident.name} does not offer the engine {spec.engine!r}")
+    if spec.combination not in COMBINATIONS:
+        raise InvalidRequest("combination must be 'horizontal' or 'vertical'")
+    if not spec.dataset_ids:
+        raise InvalidRequest("name at least one data set")
+    if len(set(spec.dataset_ids)) != len(spec.dataset_ids):
+        raise InvalidRequest("a data set is named twice")
+    if len(spec.recipient_public_key) != 32:
+        raise InvalidRequest("recipient_public_key must be a 32-byte X25519 public key")
+    datasets = [visible_dataset(registry, d, who) for d in spec.dataset_ids]
+    for ds in datasets:
+        if ds.kind != "data":
+            raise NotFound(f"no data set {ds.id!r}")
+        if ds.schema is None:
+            raise Conflict(f"data set {ds.id!r} has no upload yet")
+    schemas = [ds.schema for ds in datasets if ds.schema is not None]
+    if len({s.frac_bits for s in schemas}) != 1:
+        raise IncompatibleSchemas("the data sets were encoded with different fractional bits")
+    if not spec.label_column:
+        raise InvalidRequest("give the label column")
+    if spec.combination == "horizontal":
+        first = schemas[0]
+        for ds, s in zip(datasets[1:], schemas[1:], strict=True):
+            if (s.columns, s.column_exponents, s.label_column, s.classes) != (
+                first.columns,
+                first.column_exponents,
+                first.label_column,
+                first.classes,
+            ):
+                raise IncompatibleSchemas(
+                    f"data set {ds.id!r} differs from {datasets[0].id!r} in columns, exponents, "
+                    "label or classes; horizontal combination needs the same schema"
+                )
+        if first.label_column != spec.label_column:
+            raise InvalidRequest(f"the data sets have no label column {spec.label_column!r}")
+        m = sum(ds.rows for ds in datasets)
+        columns, exps, classes = first.columns, first.column_exponents, first.classes
+    else:
+        if len({ds.rows for ds in datasets}) != 1:
+            raise IncompatibleSchemas("vertical combination needs the same number of rows")
+        columns = tuple(c for s in schemas for c in s.columns)
+        exps = tuple(e for s in schemas for e in s.column_exponents)
+        if len(set(columns)) != len(columns):
+            raise IncompatibleSchemas("vertical combination needs distinct column names")
+        labelled = [s for s in schemas if s.label_column]
+        if len(labelled) != 1 or labelled[0].label_column != spec.label_column:
+            raise InvalidRequest(
+                f"exactly one data set must hold the label column {spec.label_column!r}"
+            )
+        classes = labelled[0].classes
+        m = datasets[0].rows
+    fp = FixedPoint(frac_bits=schemas[0].frac_bits)
+    shape = Step2AShape(m, len(columns), len(classes), spec.k, fp.value_bits)  # ParameterError
+    allowed = expected_outputs(shape, spec.training)  # ParameterError for bad training
+    found = registry.find_upload(spec.mask_upload_id)
+    mask = registry.get_dataset(found[0]) if found else None
+    if found is None or mask is None or mask.kind != "mask" or mask.owner_id != who.subject:
+        raise NotFound(f"no mask upload {spec.mask_upload_id!r} of yours")
+    if found[2] not in allowed:
+        raise InvalidRequest(
+            f"the mask upload holds {found[2]} mask words; this job opens "
+            + " or ".join(str(a) for a in allowed)
+            + f" (k + m*k{' [+ model]' if spec.training else ''} with m={shape.m}, k={shape.k})"
+        )
+    desc = pb.JobDescription(
+        job_id=job_id,
+        dataset_ids=list(spec.dataset_ids),
+        combination=COMBINATIONS[spec.combination],
+        label_column=spec.label_column,
+        k=spec.k,
+        security=security.value,
+        engine=spec.engine,
+        frac_bits=fp.frac_bits,
+        recipient_public_key=spec.recipient_public_key,
+        mask_upload_id=spec.mask_upload_id,
+        peer_mpc_addresses=[f"{i.mpc_host}:{i.mpc_port_base}" for i in identities],
+    )
+    if spec.training is not None:
+        t = spec.training
+        desc.training.CopyFrom(
+            pb.TrainingParameters(
+                epochs=int(t["epochs"]),
+                batch_size=int(t["batch_size"]),
+                learning_rate=float(t["learning_rate"]),
+            )
+        )
+    _, sha = canonical(desc)
+    return JobPlan(desc, sha, shape, columns, exps, classes)
+
+
+class JobCoordinator:
+    """Starts jobs on every party and keeps the registry in step with them."""
+
+    def __init__(self, registry: Registry, parties: Parties, lost_seconds: float) -> None:
+        self.registry = registry
+        self.parties = parties
+        self.lost_seconds = lost_seconds
+        # A lost party is declared failed at most lost_seconds after it went away: the
+        # last good poll is <= poll_seconds old when it dies, the next poll may hang for
+        # rpc_seconds, so the silence allowed is what is left of the budget.
+        self.poll_seconds = max(0.2, min(5.0, lost_seconds / 6))
+        self.rpc_seconds = min(10.0, lost_seconds / 4)
+        self.silence_seconds = lost_seconds - self.poll_seconds - self.rpc_seconds
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+        self._dispatch = asyncio.Lock()
+
+    # -- submission --------------------------------------------------------------
+
+    async def submit(self, who: Principal, spec: JobSpec) -> JobRecord:
+        if who.role not in (Role.ANALYST, Role.DATA_OWNER, Role.ADMIN):
+            raise Forbidden("this role cannot submit jobs")
+        identities = await self.parties.identities()
+        job_id = new_id()
+        try:
+            plan = plan_job(self.registry, who, spec, identities, job_id)
+        except ParameterError as exc:
+            raise InvalidRequest(str(exc)) from None
+        blob, sha = canonical(plan.description)
+        request = {
+            "dataset_ids": list(spec.dataset_ids),
+            "combination": spec.combination,
+            "label_column": spec.label_column,
+            "k": spec.k,
+            "security": spec.security,
+            "engine": spec.engine,
+            "training": spec.training,
+            "mask_upload_id": spec.mask_upload_id,
+            "m": plan.shape.m,
+            "p": plan.shape.p,
+            "classes": list(plan.classes),
+            "columns": list(plan.columns),
+            "column_exponents": list(plan.column_exponents),
+            "frac_bits": plan.description.frac_bits,
+            "outputs": plan.shape.outputs,
+        }
+        self.registry.create_job(job_id, who.subject, request, blob, sha, len(self.parties))
+        log.info(
+            "[Gateway.SubmitJob] job=%s datasets=%d k=%d", job_id, len(spec.dataset_ids), spec.k
+        )
+        self._spawn(job_id, resume=False)
+        job = self.registry.get_job(job_id)
+        assert job is not None
+        return job
+
+    def _spawn(self, job_id: str, resume: bool) -> None:
+        task = asyncio.create_task(self._run(job_id, resume), name=f"job-{job_id}")
+        self._tasks[job_id] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(job_id, None))
+
+    async def reconcile(self) -> None:
+        """After a restart: pick up every job that had not reached a final state."""
+        for job in self.registry.unfinished_jobs():
+            log.info("[Gateway.Reconcile] job=%s state=%s", job.id, job.state)
+            self._spawn(job.id, resume=True)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    # -- running -----------------------------------------------------------------
+
+    async def _run(self, job_id: str, resume: bool) -> None:
+        # One job at a time, in submission order: every party then receives StartJob in
+        # the same order, so no two parties ever run different jobs against each other
+        # on their (single) MPC ports. asyncio.Lock wakes its waiters first in, first out.
+        async with self._dispatch:
+            job = self.registry.get_job(job_id)
+            if job is None or job.state in FINAL_STATES:
+                return  # cancelled while queued
+            await self._start_and_watch(job, resume)
+
+    async def _start_and_watch(self, job: JobRecord, resume: bool) -> None:
+        job_id = job.id
+        desc = pb.JobDescription.FromString(job.description)
+        req = pb.StartJobRequest(job=desc, description_sha256=job.description_sha256)
+        try:
+            await asyncio.gather(*(self._start(c, req, resume) for c in self.parties.clients))
+        except GatewayError as exc:
+            await self._fail(job_id, f"could not start: {exc}")
+            return
+        if self.registry.set_job_state(job_id, "running"):
+            self._notify(job_id)
+        await asyncio.gather(*(self._watch(job_id, c) for c in self.parties.clients))
+
+    async def _start(self, c: PartyClient, req: pb.StartJobRequest, resume: bool) -> None:
+        if resume:
+            try:
+                st = await c.get_job(req.job.job_id)
+                await self._apply(req.job.job_id, c, st)
+                return
+            except NotFound:
+                pass
+        await c.start_job(req)
+
+    async def _watch(self, job_id: str, c: PartyClient) -> None:
+        stream = asyncio.create_task(self._stream(job_id, c))
+        last_ok = time.monotonic()
+        next_poll = last_ok
+        try:
+            while not self._final(job_id):
+                if time.monotonic() >= next_poll:
+                    try:
+                        st = await c.get_job(job_id, timeout=self.rpc_seconds)
+                        last_ok = time.monotonic()
+                        await self._apply(job_id, c, st)
+                    except NotFound:
+                        await self._fail(job_id, f"{c.name} does not know the job")
+                    except GatewayError:
+                        if time.monotonic() - last_ok > self.silence_seconds:
+                            await self._fail(job_id, f"lost the connection to {c.name}")
+                    next_poll = time.monotonic() + self.poll_seconds
+                if self._final(job_id):
+                    break
+                # wake early when the job changes (it may have reached a final state)
+                await self.wait_change(job_id, max(0.0, next_poll - time.monotonic()))
+        finally:
+            stream.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await stream
+
+    async def _stream(self, job_id: str, c: PartyClient) -> None:
+        """Events as they happen; the polling loop covers gaps and lost streams."""
+        while not self._final(job_id):
+            try:
+                async for ev in c.watch_job(job_id):
+                    await self._apply(job_id, c, ev.status)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a broken stream is retried; liveness is polled apart
+                log.debug(
+                    "[Gateway.WatchJob] job=%s party=%s stream ended: %s",
+                    job_id,
+                    c.name,
+                    type(exc).__name__,
+                )
+            await asyncio.sleep(1.0)
+
+    def _final(self, job_id: str) -> bool:
+        job = self.registry.get_job(job_id)
+        return job is None or job.state in FINAL_STATES
+
+    async def _apply(self, job_id: str, c: PartyClient, st: pb.JobStatus) -> None:
+        state = STATE_NAMES.get(st.state, "queued")
+        before = self.registry.get_job(job_id)
+        if before is None:
+            return
+        now = PartyJobState(
+            party=c.index,
+            state=state,
+            phase=st.phase[:200],
+            progress=max(0.0, min(1.0, st.progress)),
+            error=st.error[:300],
+            program_sha256=st.program_sha256[:64],
+            seconds=st.seconds,
+            bytes_sent=st.bytes_sent,
+        )
+        if before.parties[c.index] != now:  # write and wake watchers only on a change
+            self.registry.set_party_state(job_id, now)
+            self._notify(job_id)
+        job = self.registry.get_job(job_id)
+        if job is None or job.state in FINAL_STATES:
+            return
+        if state == "failed":
+            await self._fail(job_id, f"{c.name} failed: {st.error[:300] or 'no reason given'}")
+        elif state == "cancelled":
+            await self._fail(job_id, f"{c.name} cancelled the job")
+        elif all(p.state == "succeeded" for p in job.parties):
+            hashes = {p.program_sha256 for p in job.parties}
+            if len(hashes) > 1:
+                # informational: each party checks its own program against the description;
+                # MP-SPDZ bytecode compiled in different directories need not be identical
+                log.info(
+                    "[Gateway.Job] job=%s parties report %d program hashes", job_id, len(hashes)
+                )
+            if self.registry.set_job_state(job_id, "succeeded"):
+                log.info("[Gateway.Job] job=%s succeeded", job_id)
+                self._notify(job_id)
+
+    async def _fail(self, job_id: str, reason: str) -> None:
+        if self.registry.set_job_state(job_id, "failed", reason):
+            log.warning("[Gateway.Job] job=%s failed: %s", job_id, reason)
+            self._notify(job_id)
+            await self._cancel_everywhere(job_id)
+
+    async def _cancel_everywhere(self, job_id: str) -> None:
+        await asyncio.gather(
+            *(c.cancel_job(job_id) for c in self.parties.clients), return_exceptions=True
+        )
+
+    async def cancel(self, who: Principal, job_id: str) -> JobRecord:
+        job = self.visible(who, job_id)
+        if job.state in FINAL_STATES:
+            raise Conflict(f"job {job_id} is already {job.state}")
+        if self.registry.set_job_state(job_id, "cancelled", f"cancelled by {who.subject}"):
+            self._notify(job_id)
+            await self._cancel_everywhere(job_id)
+        got = self.registry.get_job(job_id)
+        assert got is not None
+        return got
+
+    # -- reading -----------------------------------------------------------------
+
+    def visible(self, who: Principal, job_id: str) -> JobRecord:
+        job = self.registry.get_job(job_id) if len(job_id) <= 64 else None
+        if job is None or (who.role is not Role.ADMIN and job.submitter != who.subject):
+            raise NotFound(f"no job {job_id!r}")
+        return job
+
+    def _notify(self, job_id: str) -> None:
+        ev = self._changed.pop(job_id, None)
+        if ev is not None:
+            ev.set()
+
+    def change_event(self, job_id: str) -> asyncio.Event:
+        """Set at the job's next change. Take it *before* reading the job, then wait."""
+        return self._changed.setdefault(job_id, asyncio.Event())
+
+    async def wait_change(
+        self, job_id: str, seconds: float, event: asyncio.Event | None = None
+    ) -> None:
+        ev = event or self.change_event(job_id)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ev.wait(), seconds)
+
+    async def fetch_result(self, who: Principal, job_id: str) -> list[pb.SealedResultPart]:
+        job = self.visible(who, job_id)
+        if job.state != "succeeded":
+            raise Conflict(f"job {job_id} is {job.state}; a result exists once it succeeded")
+        parts = await asyncio.gather(*(c.fetch_result_part(job_id) for c in self.parties.clients))
+        for c, part in zip(self.parties.clients, parts, strict=True):
+            if part.job_id != job_id or part.party_index != c.index:
+                raise GatewayError(f"{c.name} returned a result part of another job")
+        return list(parts)

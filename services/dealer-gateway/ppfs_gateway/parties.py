@@ -1,0 +1,197 @@
+"""The gateway's gRPC client to the computing parties (ppfs.v1.PartyService).
+
+One channel per party over mutual TLS: the gateway presents its own client
+certificate from the deployment CA and accepts only party certificates from that
+CA. Every failure is turned into a gateway error naming the party; the party's
+own error text is passed on only as the short, public message its error catalog
+produced, capped in length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc import aio
+
+from ppfs.engines.base import PARTY_NAMES
+from ppfs.v1 import party_pb2 as pb
+from ppfs.v1 import party_pb2_grpc as pb_grpc
+from ppfs_gateway.core.config import PartyEndpoint, Settings
+from ppfs_gateway.errors import NotFound, PartyRejected, PartyUnavailable
+
+log = logging.getLogger("ppfs.gateway")
+
+CHUNK = 1 << 20  # bytes of sealed data per PutUploadPart message
+_MAX_DETAIL = 200
+
+_REJECTED = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def channel_options(server_name: str) -> list[tuple[str, int | str]]:
+    return [
+        # We dial parties by address (often an IP or a compose service name) but their
+        # certificates name the party: check the certificate against that name.
+        ("grpc.ssl_target_name_override", server_name),
+        # Ping an idle connection every 60 s, well below Azure's ~4 min idle-TCP cutoff.
+        # Not more often: parties accept client pings at most every 30 s and close
+        # the connection of a client that pings faster. A dead party is noticed within
+        # the 60 s budget by the job watcher's GetJob polls, not by keepalive.
+        ("grpc.keepalive_time_ms", 60_000),
+        # A ping not answered within 20 s marks the connection dead.
+        ("grpc.keepalive_timeout_ms", 20_000),
+        # WatchJob streams stay open for the whole job with long silences between
+        # events; keep pinging while no call or no data is in flight.
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # Result parts carry D' (m*k masked words, sealed): allow up to 256 MiB
+        # instead of the 4 MiB default.
+        ("grpc.max_receive_message_length", 256 << 20),
+        # We send sealed uploads in 1 MiB chunks; leave headroom for the header.
+        ("grpc.max_send_message_length", 8 << 20),
+        # Reconnect quickly after a party restart: at most 5 s between attempts.
+        ("grpc.max_reconnect_backoff_ms", 5_000),
+    ]
+
+
+def client_credentials(settings: Settings) -> grpc.ChannelCredentials:
+    tls = settings.tls
+    return grpc.ssl_channel_credentials(
+        root_certificates=tls.ca_cert.read_bytes(),
+        private_key=tls.client_key.read_bytes(),
+        certificate_chain=tls.client_cert.read_bytes(),
+    )
+
+
+def _name(index: int) -> str:
+    return PARTY_NAMES[index] if index < len(PARTY_NAMES) else f"party {index}"
+
+
+@dataclass
+class PartyClient:
+    index: int
+    endpoint: PartyEndpoint
+    channel: aio.Channel
+    stub: pb_grpc.PartyServiceStub
+    rpc_seconds: float
+
+    @property
+    def name(self) -> str:
+        return _name(self.index)
+
+    def _error(self, exc: aio.AioRpcError, what: str) -> Exception:
+        code = exc.code()
+        detail = (exc.details() or "")[:_MAX_DETAIL]
+        log.warning("[Gateway.%s] party=%s status=%s", what, self.name, code.name)
+        if code in _REJECTED:
+            return PartyRejected(f"{self.name} refused {what}: {detail}")
+        if code == grpc.StatusCode.NOT_FOUND:
+            return NotFound(f"{self.name}: {detail or 'not found'}")
+        return PartyUnavailable(f"{self.name} did not answer {what} ({code.name.lower()})")
+
+    async def identity(self) -> pb.PartyIdentity:
+        try:
+            return await self.stub.GetIdentity(pb.GetIdentityRequest(), timeout=self.rpc_seconds)
+        except aio.AioRpcError as exc:
+            raise self._error(exc, "GetIdentity") from None
+
+    async def put_upload_part(
+        self, header: pb.UploadPartHeader, sealed: bytes
+    ) -> pb.PutUploadPartResponse:
+        async def chunks() -> AsyncIterator[pb.UploadPartChunk]:
+            yield pb.UploadPartChunk(header=header)
+            for off in range(0, len(sealed), CHUNK):
+                yield pb.UploadPartChunk(chunk=sealed[off : off + CHUNK])
+
+        try:
+            return await self.stub.PutUploadPart(chunks(), timeout=self.rpc_seconds * 4)
+        except aio.AioRpcError as exc:
+            raise self._error(exc, "the upload") from None
+
+    async def start_job(self, req: pb.StartJobRequest) -> pb.StartJobResponse:
+        try:
+            return await self.stub.StartJob(req, timeout=self.rpc_seconds)
+        except aio.AioRpcError as exc:
+            raise self._error(exc, "StartJob") from None
+
+    async def cancel_job(self, job_id: str) -> pb.CancelJobResponse:
+        try:
+            return await self.stub.CancelJob(
+                pb.CancelJobRequest(job_id=job_id), timeout=self.rpc_seconds
+            )
+        except aio.AioRpcError as exc:
+            raise self._error(exc, "CancelJob") from None
+
+    async def get_job(self, job_id: str, timeout: float | None = None) -> pb.JobStatus:
+        try:
+            return await self.stub.GetJob(
+                pb.GetJobRequest(job_id=job_id), timeout=timeout or self.rpc_seconds
+            )
+        except aio.AioRpcError as exc:
+            raise self._error(exc, "GetJob") from None
+
+    def watch_job(self, job_id: str) -> AsyncIterator[pb.JobEvent]:
+        # no deadline: the stream lives as long as the job; liveness is checked apart
+        return self.stub.WatchJob(pb.WatchJobRequest(job_id=job_id))
+
+    async def fetch_result_part(self, job_id: str) -> pb.SealedResultPart:
+        try:
+            return await self.stub.FetchResultPart(
+                pb.FetchResultPartRequest(job_id=job_id), timeout=self.rpc_seconds * 4
+            )
+        except aio.AioRpcError as exc:
+            raise self._error(exc, "FetchResultPart") from None
+
+
+class Parties:
+    """All parties of the deployment, in party order, and their cached identities."""
+
+    def __init__(self, clients: Sequence[PartyClient]) -> None:
+        self.clients = list(clients)
+        self._identities: list[pb.PartyIdentity] | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def connect(cls, settings: Settings) -> Parties:
+        creds = client_credentials(settings)
+        clients = []
+        for i, ep in enumerate(settings.parties):
+            channel = aio.secure_channel(
+                ep.address, creds, options=channel_options(ep.tls_server_name)
+            )
+            clients.append(
+                PartyClient(
+                    i, ep, channel, pb_grpc.PartyServiceStub(channel), settings.party_rpc_seconds
+                )
+            )
+        return cls(clients)
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    async def identities(self) -> list[pb.PartyIdentity]:
+        """Every party's identity (fetched once, then cached); checks party order."""
+        async with self._lock:
+            if self._identities is None:
+                got = await asyncio.gather(*(c.identity() for c in self.clients))
+                for c, ident in zip(self.clients, got, strict=True):
+                    if ident.index != c.index:
+                        raise PartyRejected(
+                            f"the party configured as {c.name} reports index {ident.index}"
+                        )
+                self._identities = list(got)
+            return self._identities
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.channel.close() for c in self.clients))

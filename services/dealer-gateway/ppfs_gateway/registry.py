@@ -1,0 +1,367 @@
+"""The gateway's registry of data sets, uploads, grants and jobs, in SQLite.
+
+It holds public metadata only: names, owners, public schemas (column names, the
+per-column power-of-two exponents, the label column and its class names, row
+counts), SHA-256 digests of sealed parts and job states. Sealed parts are
+forwarded to the parties and never stored here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS datasets (
+  id TEXT PRIMARY KEY,
+  name TEXT NOT NULL,
+  owner_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  schema_json TEXT,
+  rows INTEGER NOT NULL DEFAULT 0,
+  created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS uploads (
+  id TEXT PRIMARY KEY,
+  dataset_id TEXT NOT NULL REFERENCES datasets(id),
+  owner_id TEXT NOT NULL,
+  rows INTEGER NOT NULL,
+  manifest_sha256 TEXT NOT NULL,
+  created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS grants (
+  dataset_id TEXT NOT NULL REFERENCES datasets(id),
+  subject TEXT NOT NULL,
+  PRIMARY KEY (dataset_id, subject)
+);
+CREATE TABLE IF NOT EXISTS jobs (
+  id TEXT PRIMARY KEY,
+  submitter TEXT NOT NULL,
+  state TEXT NOT NULL,
+  request_json TEXT NOT NULL,
+  description BLOB NOT NULL,
+  description_sha256 TEXT NOT NULL,
+  error TEXT NOT NULL DEFAULT '',
+  created_at TEXT NOT NULL,
+  updated_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS job_parties (
+  job_id TEXT NOT NULL REFERENCES jobs(id),
+  party INTEGER NOT NULL,
+  state TEXT NOT NULL,
+  phase TEXT NOT NULL DEFAULT '',
+  progress REAL NOT NULL DEFAULT 0,
+  error TEXT NOT NULL DEFAULT '',
+  program_sha256 TEXT NOT NULL DEFAULT '',
+  seconds REAL NOT NULL DEFAULT 0,
+  bytes_sent INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (job_id, party)
+);
+"""
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class DatasetSchema:
+    columns: tuple[str, ...]
+    column_exponents: tuple[int, ...]
+    label_column: str
+    classes: tuple[str, ...]
+    frac_bits: int
+    scheme: str
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "columns": list(self.columns),
+                "column_exponents": list(self.column_exponents),
+                "label_column": self.label_column,
+                "classes": list(self.classes),
+                "frac_bits": self.frac_bits,
+                "scheme": self.scheme,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, s: str) -> DatasetSchema:
+        d = json.loads(s)
+        return cls(
+            tuple(d["columns"]),
+            tuple(int(e) for e in d["column_exponents"]),
+            d["label_column"],
+            tuple(d["classes"]),
+            int(d["frac_bits"]),
+            d["scheme"],
+        )
+
+
+@dataclass(frozen=True)
+class DatasetRecord:
+    id: str
+    name: str
+    owner_id: str
+    kind: str  # "data" or "mask"
+    schema: DatasetSchema | None
+    rows: int
+    created_at: str
+    upload_ids: tuple[str, ...] = ()
+    grants: tuple[str, ...] = ()
+
+
+@dataclass
+class PartyJobState:
+    party: int
+    state: str
+    phase: str = ""
+    progress: float = 0.0
+    error: str = ""
+    program_sha256: str = ""
+    seconds: float = 0.0
+    bytes_sent: int = 0
+
+
+@dataclass
+class JobRecord:
+    id: str
+    submitter: str
+    state: str
+    request: dict[str, Any]
+    description: bytes
+    description_sha256: str
+    error: str
+    created_at: str
+    updated_at: str
+    parties: list[PartyJobState] = field(default_factory=list)
+
+
+class Registry:
+    """Thread-safe access to the SQLite registry (one connection, one lock)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # -- data sets ---------------------------------------------------------------
+
+    def create_dataset(self, dataset_id: str, name: str, owner_id: str, kind: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO datasets (id, name, owner_id, kind, created_at) VALUES (?,?,?,?,?)",
+                (dataset_id, name, owner_id, kind, now()),
+            )
+
+    def get_dataset(self, dataset_id: str) -> DatasetRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM datasets WHERE id = ?", (dataset_id,)).fetchone()
+            if row is None:
+                return None
+            return self._dataset(row)
+
+    def list_datasets(self, kind: str = "data") -> list[DatasetRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM datasets WHERE kind = ? ORDER BY created_at, id", (kind,)
+            ).fetchall()
+            return [self._dataset(r) for r in rows]
+
+    def _dataset(self, row: sqlite3.Row) -> DatasetRecord:
+        uploads = self._db.execute(
+            "SELECT id FROM uploads WHERE dataset_id = ? ORDER BY created_at, id", (row["id"],)
+        ).fetchall()
+        grants = self._db.execute(
+            "SELECT subject FROM grants WHERE dataset_id = ? ORDER BY subject", (row["id"],)
+        ).fetchall()
+        return DatasetRecord(
+            id=row["id"],
+            name=row["name"],
+            owner_id=row["owner_id"],
+            kind=row["kind"],
+            schema=DatasetSchema.from_json(row["schema_json"]) if row["schema_json"] else None,
+            rows=int(row["rows"]),
+            created_at=row["created_at"],
+            upload_ids=tuple(u["id"] for u in uploads),
+            grants=tuple(g["subject"] for g in grants),
+        )
+
+    def upload_exists(self, upload_id: str) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM uploads WHERE id = ?", (upload_id,)).fetchone()
+            return row is not None
+
+    def add_upload(
+        self,
+        dataset_id: str,
+        upload_id: str,
+        owner_id: str,
+        schema: DatasetSchema,
+        rows: int,
+        manifest_sha256: str,
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO uploads (id, dataset_id, owner_id, rows, manifest_sha256, created_at)"
+                " VALUES (?,?,?,?,?,?)",
+                (upload_id, dataset_id, owner_id, rows, manifest_sha256, now()),
+            )
+            db.execute(
+                "UPDATE datasets SET schema_json = ?, rows = rows + ? WHERE id = ?",
+                (schema.to_json(), rows, dataset_id),
+            )
+
+    def find_upload(self, upload_id: str) -> tuple[str, str, int] | None:
+        """(dataset id, owner id, rows) of an upload."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT dataset_id, owner_id, rows FROM uploads WHERE id = ?", (upload_id,)
+            ).fetchone()
+            return None if row is None else (row[0], row[1], int(row[2]))
+
+    def grant(self, dataset_id: str, subject: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO grants (dataset_id, subject) VALUES (?,?)",
+                (dataset_id, subject),
+            )
+
+    # -- jobs --------------------------------------------------------------------
+
+    def create_job(
+        self,
+        job_id: str,
+        submitter: str,
+        request: dict[str, Any],
+        description: bytes,
+        description_sha256: str,
+        parties: int,
+    ) -> None:
+        t = now()
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO jobs (id, submitter, state, request_json, description,"
+                " description_sha256, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?)",
+                (
+                    job_id,
+                    submitter,
+                    "queued",
+                    json.dumps(request),
+                    description,
+                    description_sha256,
+                    t,
+                    t,
+                ),
+            )
+            for i in range(parties):
+                db.execute(
+                    "INSERT INTO job_parties (job_id, party, state) VALUES (?,?,?)",
+                    (job_id, i, "queued"),
+                )
+
+    def set_job_state(self, job_id: str, state: str, error: str = "") -> bool:
+        """Move a job to ``state``; a final state is never left. True when it changed."""
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None or row[0] in FINAL_STATES or row[0] == state:
+                return False
+            db.execute(
+                "UPDATE jobs SET state = ?, error = ?, updated_at = ? WHERE id = ?",
+                (state, error, now(), job_id),
+            )
+            return True
+
+    def set_party_state(self, job_id: str, st: PartyJobState) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE job_parties SET state=?, phase=?, progress=?, error=?, program_sha256=?,"
+                " seconds=?, bytes_sent=? WHERE job_id=? AND party=?",
+                (
+                    st.state,
+                    st.phase,
+                    st.progress,
+                    st.error,
+                    st.program_sha256,
+                    st.seconds,
+                    st.bytes_sent,
+                    job_id,
+                    st.party,
+                ),
+            )
+            db.execute("UPDATE jobs SET updated_at = ? WHERE id = ?", (now(), job_id))
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            return None if row is None else self._job(row)
+
+    def list_jobs(self, submitter: str | None = None) -> list[JobRecord]:
+        with self._lock:
+            if submitter is None:
+                rows = self._db.execute("SELECT * FROM jobs ORDER BY created_at, id").fetchall()
+            else:
+                rows = self._db.execute(
+                    "SELECT * FROM jobs WHERE submitter = ? ORDER BY created_at, id", (submitter,)
+                ).fetchall()
+            return [self._job(r) for r in rows]
+
+    def unfinished_jobs(self) -> list[JobRecord]:
+        return [j for j in self.list_jobs() if j.state not in FINAL_STATES]
+
+    def _job(self, row: sqlite3.Row) -> JobRecord:
+        parties = self._db.execute(
+            "SELECT * FROM job_parties WHERE job_id = ? ORDER BY party", (row["id"],)
+        ).fetchall()
+        return JobRecord(
+            id=row["id"],
+            submitter=row["submitter"],
+            state=row["state"],
+            request=json.loads(row["request_json"]),
+            description=bytes(row["description"]),
+            description_sha256=row["description_sha256"],
+            error=row["error"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            parties=[
+                PartyJobState(
+                    party=int(p["party"]),
+                    state=p["state"],
+                    phase=p["phase"],
+                    progress=float(p["progress"]),
+                    error=p["error"],
+                    program_sha256=p["program_sha256"],
+                    seconds=float(p["seconds"]),
+                    bytes_sent=int(p["bytes_sent"]),
+                )
+                for p in parties
+            ],
+        )
