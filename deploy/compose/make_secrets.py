@@ -1,0 +1,177 @@
+"""Per-party secret folders for docker-compose.yml / compose.4pc.yml (and the Azure VMs).
+
+Run it through deploy/compose/make-secrets.sh, which runs it INSIDE the party image so
+that each party's keys match the engines that image offers. It writes, under --out:
+
+    ca/                   the deployment CA (ca.key: keep it offline; mounted nowhere)
+    alice/ bob/ carol/ (dave/)   one party's keys/, certs/ and owners.json: mounted as that
+                          party's compose secret only (a Key Vault secret on Azure)
+    gateway/              gateway.json, tokens.json and tls/ (its client identity)
+    clients/              principals' key files and env files (owner-a, owner-b,
+                          analyst, admin): for the people using the service
+
+Each key is generated in the folder of the one service that uses it. Nothing here is
+ever copied into an image. Re-running reuses what exists (an existing --out is topped up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import ipaddress
+import json
+import os
+import shutil
+from pathlib import Path
+
+from ppfs.engines.base import PARTY_NAMES
+
+SERVICE_UID = 10001  # the images' non-root user
+
+
+def _copy_private(src: Path, dst: Path) -> None:
+    if src.is_dir():
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+    else:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+
+
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    if os.geteuid() != 0:
+        return
+    for root, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(root, name), uid, gid)
+    os.lchown(path, uid, gid)
+
+
+def _https_identity(ca_dir: Path, names: list[str], out: Path) -> None:
+    """The gateway's HTTPS key (generated here, in the gateway's folder) and a certificate
+    from the deployment CA for ``names`` (DNS names or IP addresses)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from ppfs_party.keys import load_ca
+
+    ca = load_ca(ca_dir)
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = []
+    for n in names:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(n)))
+        except ValueError:
+            sans.append(x509.DNSName(n))
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca.key, hashes.SHA256())
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / "https.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(key.private_bytes(serialization.Encoding.PEM,
+                                   serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption()))
+    (out / "https.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--parties", type=int, choices=(3, 4), default=3)
+    ap.add_argument("--gateway-url", default=None,
+                    help="where clients reach the gateway, written to clients/*.env (default "
+                    "http(s)://127.0.0.1:8080)")
+    ap.add_argument("--https-name", action="append", default=None, metavar="NAME_OR_IP",
+                    help="serve HTTPS with a certificate from the deployment CA for these "
+                    "names (repeatable, e.g. localhost, 127.0.0.1, the public IP)")
+    ap.add_argument("--party-host", action="append", default=None, metavar="HOST",
+                    help="control-plane host of each party in order (default: the compose "
+                    "service names alice, bob, ...)")
+    ap.add_argument("--grpc-port", type=int, default=50051)
+    ap.add_argument("--security", default=None,
+                    help="default security setting written to clients/*.env as PPFS_SECURITY "
+                    "(default: passive-3pc with 3 parties, active-4pc with 4)")
+    ap.add_argument("--host-out", type=Path, default=None,
+                    help="where --out is on the host (for the paths in clients/*.env)")
+    ap.add_argument("--owner-uid", type=int, default=os.getuid(),
+                    help="owner of ca/ and clients/ (the operator)")
+    args = ap.parse_args()
+
+    from ppfs_gateway.devstack import PRINCIPALS, prepare
+
+    work = args.out / ".work"
+    layout = prepare(work, args.parties)  # CA, party states, gateway identity, keys, tokens
+    names = [n.lower() for n in PARTY_NAMES[: args.parties]]
+    hosts = args.party_host or names
+    if len(hosts) != args.parties:
+        ap.error(f"give --party-host once per party ({args.parties})")
+
+    for name, state in zip(names, layout.party_dirs, strict=True):
+        dst = args.out / name
+        for part in ("keys", "certs", "owners.json"):
+            if (state / part).exists():
+                _copy_private(state / part, dst / part)
+        _chown_tree(dst, SERVICE_UID, SERVICE_UID)
+
+    gw = args.out / "gateway"
+    _copy_private(work / "gateway" / "tls", gw / "tls")
+    _copy_private(layout.tokens_file, gw / "tokens.json")
+    config = {
+        "state_dir": "/var/lib/ppfs/state",
+        "parties": [
+            {"address": f"{h}:{args.grpc_port}", "tls_server_name": n}
+            for h, n in zip(hosts, names, strict=True)
+        ],
+        "tls": {"ca_cert": "tls/ca.pem", "client_cert": "tls/gateway.pem",
+                "client_key": "tls/gateway.key"},
+        "tokens_file": "tokens.json",
+        "host": "0.0.0.0",  # noqa: S104 - inside the gateway container
+        "port": 8080,
+    }
+    if args.https_name:
+        _https_identity(work / "ca", args.https_name, gw / "tls")
+        config["https_cert"] = "tls/https.pem"
+        config["https_key"] = "tls/https.key"
+    (gw / "gateway.json").write_text(json.dumps(config, indent=1) + "\n")
+    _chown_tree(gw, SERVICE_UID, SERVICE_UID)
+
+    _copy_private(work / "ca", args.out / "ca")
+    clients = args.out / "clients"
+    security = args.security or ("passive-3pc" if args.parties == 3 else "active-4pc")
+    host_out = args.host_out or args.out.resolve()
+    url = args.gateway_url or ("https" if args.https_name else "http") + "://127.0.0.1:8080"
+    for _, subject in PRINCIPALS:
+        _copy_private(layout.key_file(subject), clients / f"{subject}.key")
+        ca_line = f"export PPFS_CA={host_out / 'ca' / 'ca.pem'}\n" if args.https_name else ""
+        env = (
+            ca_line +
+            f"export PPFS_GATEWAY={url}\n"
+            f"export PPFS_SECURITY={security}\n"
+            f"export PPFS_TOKEN={layout.tokens[subject]}\n"
+            f"export PPFS_KEY={host_out / 'clients' / subject}.key\n"
+        )
+        path = clients / f"{subject}.env"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(env)
+    for d in (args.out / "ca", clients):
+        _chown_tree(d, args.owner_uid, args.owner_uid)
+    shutil.rmtree(work)
+    print(f"secrets for {', '.join(names)} and the gateway in {args.host_out or args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
