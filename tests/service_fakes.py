@@ -34,9 +34,10 @@ from ppfs_gateway.main import create_app
 
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.fixedpoint import FixedPoint
+from ppfs.jobdesc import service_shape, train_params
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs.sharing import ShareBundle, components_from_bundles, reconstruct
-from ppfs.step2a import Step2AShape, mask_values, mirror
+from ppfs.step2a import mask_values, mirror
 from ppfs.synthetic import make_table
 from ppfs.upload import Manifest, UploadRejected, open_sealed, unpack_bundles, verify_manifest
 from ppfs.v1 import party_pb2 as pb
@@ -316,19 +317,16 @@ class FakeCluster:
             onehot = next(lab for _, _, lab in per_ds if lab is not None)
         n_classes = onehot.shape[1] + 1
         y = np.where(onehot.sum(axis=1) == 0, n_classes - 1, onehot.argmax(axis=1))
-        shape = Step2AShape(raw.shape[0], raw.shape[1], n_classes, desc.k)
+        shape = service_shape(raw.shape[0], raw.shape[1], n_classes, desc.k, 32, train_params(desc))
         ref = mirror(raw, y, shape)
         words = self._matrix([desc.mask_upload_id], "mask")
-        parts = [ref.selected, ref.reduced.reshape(-1)]
-        if desc.HasField("training"):
+        parts = [ref.selected]  # a service job never opens D'
+        train = train_params(desc)
+        if train is not None:
             from ppfs import step2b
 
-            t = desc.training
-            params = step2b.TrainParams(epochs=t.epochs, batch=t.batch_size, lr=t.learning_rate)
-            m, p, k = shape.m, shape.p, shape.k
-            if words.shape[0] != k + m * k + step2b.model_outputs(p, n_classes):
-                parts = [ref.selected]  # D' stays inside MPC
-            tr = step2b.mirror(raw[:, ref.selected], y, n_classes, shape.value_bits, params)
+            p = shape.p
+            tr = step2b.mirror(raw[:, ref.selected], y, n_classes, shape.value_bits, train)
             alpha_full = np.zeros((p, step2b.n_models(n_classes)), dtype=object)
             alpha_full[ref.selected] = tr.alpha
             parts += [alpha_full.reshape(-1), tr.beta]

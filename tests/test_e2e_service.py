@@ -103,8 +103,66 @@ def test_service_end_to_end(
         ref = mirror(raw, t.y, Step2AShape(m, p, t.n_classes, k))
         assert got.indices.tolist() == ref.selected.tolist()
         assert got.indices.tolist() == oracle.ms_gini_top_k(t.x, t.y, t.n_classes, k).tolist()
-        assert np.array_equal(got.reduced_raw, ref.reduced)
+        assert got.opened_words == ref.selected.size  # the selection only: D' stays in MPC
         assert all(pp["program_sha256"] for pp in done["parties"])
+    finally:
+        s.close()
+        shutil.rmtree(tmp_path / "parties", ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        pytest.param("mpyc", id="mpyc"),
+        pytest.param("mp-spdz", id="mpspdz", marks=pytest.mark.mpspdz),
+    ],
+)
+def test_service_training_job_delivers_only_the_model(tmp_path: Path, engine: str) -> None:
+    """Step 2B through the real parties: the analyst receives the selection and the
+    model (which matches the plaintext SGD oracle), never D'."""
+    from ppfs import step2b
+
+    if engine == "mp-spdz" and (reason := _mpspdz_reason()) is not None:
+        pytest.skip(f"MP-SPDZ is not usable here: {reason}")
+    s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=(engine,)))
+    try:
+        m, p, k = 24, 5, 2
+        t = make_table(m, p, seed=5)
+        a, admin = s.client("owner-a"), s.client("admin")
+        ds = a.create_dataset("a")
+        a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, m)), ds["id"])
+        admin.grant(ds["id"], "analyst-1")
+        exps = np.asarray(a.get_dataset(ds["id"])["column_exponents"])
+        raw = FixedPoint().encode(t.x, exps, t.columns)
+        analyst = s.client("analyst-1")
+        training = {"epochs": 2, "batch_size": 8, "learning_rate": 0.5, "seed": 3}
+        job = analyst.submit(
+            s.keys["analyst-1"], [ds["id"]], label="label", k=k, engine=engine, training=training
+        )
+        done = wait_final(analyst, job["id"], timeout=240)
+        assert done["state"] == "succeeded", done
+        got = analyst.fetch_result(s.keys["analyst-1"], job["id"])
+        ref = mirror(raw, t.y, Step2AShape(m, p, t.n_classes, k))
+        assert got.indices.tolist() == ref.selected.tolist()
+        assert got.opened_words == k + step2b.model_outputs(p, t.n_classes)  # no D'
+        params = step2b.TrainParams(epochs=2, batch=8, lr=0.5, seed=3)
+        tr = step2b.mirror(raw[:, ref.selected], t.y, t.n_classes, 32, params)
+        weights = np.asarray(got.model.weights)
+        unselected = [j for j in range(p) if j not in ref.selected]
+        assert np.all(weights[:, unselected] == 0)
+        w_ref = tr.weights.astype(float) / 2**16
+        tol = step2b.weight_tolerance(
+            tr.steps,
+            params,
+            k,
+            z_max=float(np.abs(tr.z.astype(float)).max()) / 2**16,
+            w_max=float(np.abs(w_ref).max()),
+        )
+        ratio = np.abs(tr.ratio.astype(float)).sum() / 2**16
+        beta_ref = np.ldexp(tr.beta.astype(float), -16)
+        assert np.all(
+            np.abs(np.asarray(got.model.intercepts) - beta_ref) <= tol * (1 + ratio) + 2.0**-16 * k
+        )
     finally:
         s.close()
         shutil.rmtree(tmp_path / "parties", ignore_errors=True)

@@ -149,7 +149,7 @@ def test_bad_jobs_store_nothing(stack: Stack) -> None:
     _, ids, _ = horizontal_setup(stack, m=20, p=5)
     analyst = stack.client("analyst-1")
     keys = stack.keys["analyst-1"]
-    mask = analyst.create_masks(keys, 2 + 20 * 2)
+    mask = analyst.create_masks(keys, 2)  # k words: a service job opens no D'
     base = {
         "dataset_ids": ids,
         "label_column": "label",

@@ -42,8 +42,7 @@ def test_horizontal_job_matches_oracle(stack: Stack) -> None:
     assert got.indices.tolist() == ref.selected.tolist()
     assert got.indices.tolist() == oracle.ms_gini_top_k(t.x, t.y, t.n_classes, 3).tolist()
     assert got.columns == [t.columns[j] for j in ref.selected]
-    assert np.array_equal(got.reduced_raw, ref.reduced)
-    assert np.allclose(got.reduced, t.x[:, ref.selected], rtol=1e-4, atol=1e-9)
+    assert got.opened_words == ref.selected.size  # the selection only: D' stays in MPC
     job = analyst.get_job(job["id"])
     assert [p["state"] for p in job["parties"]] == ["succeeded"] * 3
     assert job["m"] == t.m and job["p"] == t.p
@@ -250,12 +249,12 @@ def test_training_job_returns_the_model(stack: Stack) -> None:
     keys = stack.keys["analyst-1"]
     training = {"epochs": 2, "batch_size": 8, "learning_rate": 0.5}
     job = analyst.submit(keys, ids, label="label", k=2, training=training)
-    assert job["training"] == training
+    assert job["training"] == {**training, "seed": 0}
     assert wait_final(analyst, job["id"])["state"] == "succeeded"
     got = analyst.fetch_result(keys, job["id"])
     ref = mirror(raw, t.y, Step2AShape(t.m, t.p, t.n_classes, 2))
     assert got.indices.tolist() == ref.selected.tolist()
-    assert got.reduced_raw.shape == (t.m, 0)  # D' stayed inside MPC
+    assert got.opened_words == 2 + step2b.model_outputs(t.p, t.n_classes)  # no D'
     params = step2b.TrainParams(epochs=2, batch=8, lr=0.5)
     tr = step2b.mirror(raw[:, ref.selected], t.y, t.n_classes, 32, params)
     assert got.model is not None
@@ -306,7 +305,7 @@ def test_parties_start_jobs_in_one_order(stack: Stack) -> None:
     _, ids, _ = horizontal_setup(stack)
     analyst = stack.client("analyst-1")
     keys = stack.keys["analyst-1"]
-    masks = [analyst.create_masks(keys, 2 + 40 * 2) for _ in range(4)]
+    masks = [analyst.create_masks(keys, 2) for _ in range(4)]  # k words: no D' in a service job
     with ThreadPoolExecutor(4) as pool:
         jobs = list(
             pool.map(

@@ -33,7 +33,8 @@ from ppfs_party.testing import (
 from ppfs.engines.mpspdz import MpSpdzEngine
 from ppfs.engines.registry import mpspdz_home
 from ppfs.fixedpoint import FixedPoint
-from ppfs.step2a import Security, Step2AShape, draw_mask_words, mirror, unmask
+from ppfs.jobdesc import service_shape
+from ppfs.step2a import Security, draw_mask_words, mirror, unmask_all
 from ppfs.synthetic import make_table
 from ppfs.table import LabelledTable
 from ppfs.v1 import party_pb2, party_pb2_grpc
@@ -134,7 +135,7 @@ async def run_scenario(
                 ),
             ]
             comb = party_pb2.COMBINATION_VERTICAL
-        shape = Step2AShape(table.m, table.p, table.n_classes, k, fp.value_bits)
+        shape = service_shape(table.m, table.p, table.n_classes, k, fp.value_bits, None)
         words = draw_mask_words(shape.outputs, rng)
         ups.append(mask_upload(rec, box, words, dataset_id="mask-1", upload_id="up-mask", rng=rng))
         for up in ups:
@@ -171,10 +172,10 @@ async def run_scenario(
         )
         parts = await fetch_opened(stubs, ids, desc.job_id, recipient_box)
         assert all(np.array_equal(p, parts[0]) for p in parts)
-        idx, reduced = unmask(parts[0], words, shape)
+        out = unmask_all(parts[0], words, shape)
         ref = mirror(raw, table.y, shape)
-        np.testing.assert_array_equal(idx, ref.selected)
-        np.testing.assert_array_equal(reduced, ref.reduced)
+        np.testing.assert_array_equal(out.indices, ref.selected)
+        assert out.reduced is None and parts[0].size == shape.k  # D' never leaves MPC
         # the audit log records the opening, never a value
         entries = [
             json.loads(line)
@@ -281,7 +282,7 @@ def test_cancel_kills_the_engine_process(tmp_path: Path) -> None:
                 up = data_upload(owner, box, raw, table.columns, exps, dataset_id="ds",
                                  upload_id="u1", onehot=table.one_hot(),
                                  label_column=table.label_column, classes=table.classes)
-                shape = Step2AShape(table.m, table.p, table.n_classes, 1, fp.value_bits)
+                shape = service_shape(table.m, table.p, table.n_classes, 1, fp.value_bits, None)
                 mask = mask_upload(rec, box, draw_mask_words(shape.outputs,
                                                              np.random.default_rng()),
                                    dataset_id="m", upload_id="m1")

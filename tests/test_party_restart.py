@@ -26,7 +26,8 @@ from ppfs_party.testing import (
 from ppfs.engines.mpspdz import MpSpdzEngine
 from ppfs.engines.registry import mpspdz_home
 from ppfs.fixedpoint import FixedPoint
-from ppfs.step2a import Security, Step2AShape, draw_mask_words, mirror, unmask
+from ppfs.jobdesc import service_shape
+from ppfs.step2a import Security, Step2AShape, draw_mask_words, mirror, unmask_all
 from ppfs.synthetic import make_table
 from ppfs.table import LabelledTable
 from ppfs.v1 import party_pb2, party_pb2_grpc
@@ -98,7 +99,7 @@ class Cluster:
         fp = FixedPoint()
         exps = fp.choose_exponents(table.x, table.columns)
         raw = fp.encode(table.x, exps, table.columns)
-        shape = Step2AShape(table.m, table.p, table.n_classes, k, fp.value_bits)
+        shape = service_shape(table.m, table.p, table.n_classes, k, fp.value_bits, None)
         up = data_upload(self.owner, box, raw, table.columns, exps, dataset_id="ds",
                          upload_id="up-data", onehot=table.one_hot(),
                          label_column=table.label_column, classes=table.classes)
@@ -136,10 +137,10 @@ class Cluster:
         ids = await identities(self.stubs)
         parts = await fetch_opened(self.stubs, ids, desc.job_id, recipient)
         assert all(np.array_equal(p, parts[0]) for p in parts)
-        idx, reduced = unmask(parts[0], words, shape)
+        out = unmask_all(parts[0], words, shape)
         ref = mirror(raw, y, shape)
-        np.testing.assert_array_equal(idx, ref.selected)
-        np.testing.assert_array_equal(reduced, ref.reduced)
+        np.testing.assert_array_equal(out.indices, ref.selected)
+        assert out.reduced is None and parts[0].size == shape.k  # D' never leaves MPC
 
 
 def test_party_restarted_between_upload_and_job(tmp_path: Path) -> None:

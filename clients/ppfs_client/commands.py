@@ -21,7 +21,7 @@ import numpy as np
 from ppfs.errors import InputDataError, ParameterError, PpfsError
 from ppfs.table import read_csv
 from ppfs_client.keys import ClientKeys
-from ppfs_client.sdk import ApiError, GatewayClient, OwnerTable, ResultSelection
+from ppfs_client.sdk import ApiError, GatewayClient, OwnerTable
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -120,7 +120,6 @@ def add_commands(sub: Any) -> None:
         help="download every party's sealed part, check they agree, open and unmask them",
     )
     rf.add_argument("job_id")
-    rf.add_argument("--out", type=Path, metavar="REDUCED.csv", help="write D' (selected columns)")
     _conn_args(rf)
     rf.set_defaults(func=_result_fetch)
 
@@ -434,8 +433,6 @@ def _result_fetch(args: argparse.Namespace) -> int:
     keys = _keys(args)
     with _client(args) as client:
         sel = client.fetch_result(keys, args.job_id)
-    if args.out is not None:
-        _write_reduced(args.out, sel)
     obj: dict[str, Any] = {
         "job_id": sel.job_id,
         "selected": sel.columns,
@@ -451,16 +448,6 @@ def _result_fetch(args: argparse.Namespace) -> int:
         )
     _out(args, obj, text)
     return 0
-
-
-def _write_reduced(path: Path, sel: ResultSelection) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(sel.columns)
-        for row in sel.reduced:
-            w.writerow([repr(float(v)) for v in row])
-    tmp.replace(path)
 
 
 def _keys_create(args: argparse.Namespace) -> int:

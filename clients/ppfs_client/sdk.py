@@ -24,8 +24,9 @@ import numpy as np
 
 from ppfs.errors import PpfsError, ShareFormatError
 from ppfs.fixedpoint import FixedPoint
+from ppfs.jobdesc import service_shape, training_params
 from ppfs.sharing import Scheme, bundles_for_all
-from ppfs.step2a import Step2AShape, draw_mask_words, unmask
+from ppfs.step2a import draw_mask_words, unmask_all
 from ppfs.upload import Manifest, pack_bundles, seal, sign_manifest
 from ppfs_client.keys import ClientKeys
 from ppfs_client.result import open_result
@@ -104,13 +105,15 @@ class OwnerTable:
 
 @dataclass
 class ResultSelection:
-    """What the recipient learns: the selected columns, best first, and D'."""
+    """What the recipient learns: the selected columns, best first, and the model if trained.
+
+    D' is never opened in service mode: its rows are the data owners' data.
+    """
 
     job_id: str
     columns: list[str]
     indices: np.ndarray
-    reduced: np.ndarray  # m x k, decoded
-    reduced_raw: np.ndarray
+    opened_words: int  # how many masked words the parties opened (k, plus the model)
     parties: int
     model: Any = None  # ppfs.step2b.Model when the job trained (Step 2B)
 
@@ -310,14 +313,12 @@ class GatewayClient:
                 m, p = sum(int(d["rows"]) for d in sets), len(sets[0]["columns"])
             else:
                 m, p = int(sets[0]["rows"]), sum(len(d["columns"]) for d in sets)
-            if training is None:
-                count = k + m * k
-            else:
-                # Step 2B: the selection and the model; D' stays inside MPC
-                from ppfs.step2b import model_outputs
-
-                classes: list[str] = next((d["classes"] for d in sets if d["label_column"]), [])
-                count = k + model_outputs(p, max(2, len(classes)))
+            classes: list[str] = next((d["classes"] for d in sets if d["label_column"]), [])
+            fp = FixedPoint(frac_bits=int(sets[0].get("frac_bits", 16)))
+            shape = service_shape(
+                m, p, max(2, len(classes)), k, fp.value_bits, training_params(training)
+            )
+            count = shape.outputs  # the selection (and the model); D' stays inside MPC
             mask_upload_id = self.create_masks(keys, count)
         body: dict[str, Any] = {
             "dataset_ids": list(dataset_ids),
@@ -438,54 +439,29 @@ def open_selection(
     m, p, k, n_classes = job["m"], job["p"], job["k"], len(job["classes"])
     fp = FixedPoint(frac_bits=job["frac_bits"])
     exps = np.asarray(job["column_exponents"], dtype=np.int64)
-    model = None
-    if job.get("training"):
-        idx, reduced_raw, model = _open_training(job, words, mask_words, fp, exps)
-    else:
-        idx, reduced_raw = unmask(words, mask_words, Step2AShape(m, p, n_classes, k))
+    params = training_params(job.get("training"))
+    shape = service_shape(m, p, n_classes, k, fp.value_bits, params)
+    if words.size != shape.outputs:
+        raise ShareFormatError(f"this job opens {shape.outputs} words, got {words.size}")
+    out = unmask_all(words, mask_words, shape)
+    idx = out.indices
     if np.any((idx < 0) | (idx >= p)) or len(set(idx.tolist())) != k:
         raise ShareFormatError("the opened selection is not a set of k distinct columns")
-    if reduced_raw.shape[1]:
-        reduced = fp.decode(reduced_raw, exps[idx][None, :])
-    else:
-        reduced = np.zeros(reduced_raw.shape)  # D' stayed inside MPC
+    model = None
+    if params is not None:
+        from ppfs.step2b import decode_model, split_model_words
+
+        if out.model is None:
+            raise ShareFormatError("the training job's result holds no model")
+        alpha_full, beta = split_model_words(out.model, p, n_classes)
+        model = decode_model(
+            alpha_full, beta, exps, fp, params, tuple(job["columns"]), tuple(job["classes"])
+        )
     return ResultSelection(
         job_id=job_id,
         columns=[job["columns"][int(j)] for j in idx],
         indices=idx,
-        reduced=reduced,
-        reduced_raw=reduced_raw,
+        opened_words=int(words.size),  # D' is never opened in service mode
         parties=len(dep.parties),
         model=model,
     )
-
-
-def _open_training(
-    job: dict[str, Any],
-    words: np.ndarray,
-    mask_words: np.ndarray,
-    fp: FixedPoint,
-    exps: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, Any]:
-    """Step 2B result: the selection, D' when it was revealed, and the model."""
-    from ppfs.step2a import unmask_all
-    from ppfs.step2b import TrainParams, decode_model, split_model_words
-
-    m, p, k, classes = job["m"], job["p"], job["k"], tuple(job["classes"])
-    t = job["training"]
-    params = TrainParams(epochs=t["epochs"], batch=t["batch_size"], lr=t["learning_rate"])
-    for reveal in (False, True):
-        shape = Step2AShape(
-            m, p, len(classes), k, fp.value_bits, reveal_reduced=reveal, train=params
-        )
-        if shape.outputs == words.size:
-            break
-    else:
-        raise ShareFormatError(f"a training job does not open {words.size} words")
-    out = unmask_all(words, mask_words, shape)
-    if out.model is None:
-        raise ShareFormatError("the training job's result holds no model")
-    alpha_full, beta = split_model_words(out.model, p, len(classes))
-    model = decode_model(alpha_full, beta, exps, fp, params, tuple(job["columns"]), classes)
-    reduced = out.reduced if out.reduced is not None else np.zeros((m, 0), dtype=np.int64)
-    return out.indices, reduced, model

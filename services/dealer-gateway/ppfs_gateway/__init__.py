@@ -1,1 +1,1 @@
-"""The dealer-gateway: REST job API that relays sealed uploads to the parties and never sees data."""
+"""The dealer-gateway: the REST job API; relays sealed uploads and never sees data."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from ppfs.errors import ParameterError
 from ppfs.fixedpoint import FixedPoint
+from ppfs.jobdesc import service_shape, training_params
 from ppfs.step2a import Security, Step2AShape
 from ppfs.v1 import party_pb2 as pb
 from ppfs_gateway.auth import Principal
@@ -68,22 +69,6 @@ class JobPlan:
     columns: tuple[str, ...]
     column_exponents: tuple[int, ...]
     classes: tuple[str, ...]
-
-
-def expected_outputs(shape: Step2AShape, training: dict[str, Any] | None) -> tuple[int, ...]:
-    """Mask words a job may open: k indices and D' (m*k); with training (Step 2B) also
-    the model, with or without D' (a training job may keep D' inside MPC)."""
-    if training is None:
-        return (shape.outputs,)
-    from ppfs.step2b import TrainParams, model_outputs  # Step 2B only
-
-    TrainParams(
-        epochs=int(training["epochs"]),
-        batch=int(training["batch_size"]),
-        lr=float(training["learning_rate"]),
-    )  # ParameterError when out of range
-    model = model_outputs(shape.p, shape.n_classes)
-    return (shape.k + model, shape.k + shape.m * shape.k + model)
 
 
 def canonical(desc: pb.JobDescription) -> tuple[bytes, str]:
@@ -165,17 +150,17 @@ def plan_job(
         classes = labelled[0].classes
         m = datasets[0].rows
     fp = FixedPoint(frac_bits=schemas[0].frac_bits)
-    shape = Step2AShape(m, len(columns), len(classes), spec.k, fp.value_bits)  # ParameterError
-    allowed = expected_outputs(shape, spec.training)  # ParameterError for bad training
+    train = training_params(spec.training)
+    # ParameterError on a bad shape; D' is never opened in service mode
+    shape = service_shape(m, len(columns), len(classes), spec.k, fp.value_bits, train)
     found = registry.find_upload(spec.mask_upload_id)
     mask = registry.get_dataset(found[0]) if found else None
     if found is None or mask is None or mask.kind != "mask" or mask.owner_id != who.subject:
         raise NotFound(f"no mask upload {spec.mask_upload_id!r} of yours")
-    if found[2] not in allowed:
+    if found[2] != shape.outputs:
         raise InvalidRequest(
-            f"the mask upload holds {found[2]} mask words; this job opens "
-            + " or ".join(str(a) for a in allowed)
-            + f" (k + m*k{' [+ model]' if spec.training else ''} with m={shape.m}, k={shape.k})"
+            f"the mask upload holds {found[2]} mask words; this job opens {shape.outputs} "
+            f"(k = {shape.k} selected indices{' and the model' if train else ''})"
         )
     desc = pb.JobDescription(
         job_id=job_id,
@@ -197,6 +182,7 @@ def plan_job(
                 epochs=int(t["epochs"]),
                 batch_size=int(t["batch_size"]),
                 learning_rate=float(t["learning_rate"]),
+                seed=int(t.get("seed", 0)),
             )
         )
     _, sha = canonical(desc)

@@ -1,1 +1,1 @@
-"""The party daemon: one computing server (Alice, Bob, Carol or Dave) behind ppfs.v1.PartyService."""
+"""The party daemon: one computing server (Alice, Bob, Carol, Dave) behind PartyService."""

@@ -20,8 +20,10 @@ import numpy as np
 
 from ppfs.errors import ParameterError
 from ppfs.fixedpoint import FixedPoint
+from ppfs.jobdesc import service_shape
 from ppfs.sharing import Scheme, ShareBundle
 from ppfs.step2a import Security, Step2AShape
+from ppfs.step2b import TrainParams
 from ppfs.upload import Manifest
 from ppfs_party.store import ShareStore, StoredUpload
 
@@ -72,7 +74,7 @@ def _dataset_part(uploads: list[StoredUpload], scheme: Scheme) -> _Part:
 def assemble(
     store: ShareStore, *, job_id: str, dataset_ids: list[str], horizontal: bool,
     label_column: str, mask_upload_id: str, k: int, security: Security, frac_bits: int,
-    party: int, out_dir: Path,
+    party: int, out_dir: Path, train: TrainParams | None = None,
 ) -> JobInputs:
     """Write this party's data.shr, labels.shr and mask.shr for the job to ``out_dir``."""
     scheme = security.scheme
@@ -111,7 +113,7 @@ def assemble(
 
     m, p = next(iter(data.values())).shape
     fp = FixedPoint(frac_bits=frac_bits)
-    shape = Step2AShape(int(m), int(p), len(schema.classes), k, fp.value_bits)
+    shape = service_shape(int(m), int(p), len(schema.classes), k, fp.value_bits, train)
     mask_upload = store.upload(mask_upload_id)
     if mask_upload.kinds != frozenset({"mask"}):
         raise ParameterError("the mask upload holds no mask words")

@@ -30,7 +30,7 @@ import numpy as np
 
 from ppfs.engines.base import Engine, PartyRunResult, PartyRunSpec, PartyTls
 from ppfs.errors import EngineUnavailableError, ParameterError, PpfsError
-from ppfs.jobdesc import description_sha256
+from ppfs.jobdesc import description_sha256, train_params
 from ppfs.step2a import Security
 from ppfs.upload import seal
 from ppfs.v1 import party_pb2
@@ -203,8 +203,7 @@ class JobRunner:
         index = self.settings.index
         if index >= security.parties:
             raise ParameterError(f"{self.settings.name} takes no part in {security.value}")
-        if desc.HasField("training"):
-            raise ParameterError("training (Step 2B) is not offered by this party")
+        train = train_params(desc)  # ParameterError when out of range
         if len(desc.peer_mpc_addresses) != security.parties:
             raise ParameterError(f"{security.value} needs one MPC address per party")
         peers = tuple(parse_address(a) for a in desc.peer_mpc_addresses)
@@ -229,7 +228,7 @@ class JobRunner:
                 horizontal=combination != party_pb2.COMBINATION_VERTICAL,
                 label_column=desc.label_column, mask_upload_id=desc.mask_upload_id,
                 k=desc.k, security=security, frac_bits=desc.frac_bits or 16, party=index,
-                out_dir=job_dir / "inputs",
+                out_dir=job_dir / "inputs", train=train,
             )
             try:
                 digest = await engine.prepare(inputs.shape, security)

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13ppfs/v1/party.proto\x12\x07ppfs.v1\"\x14\n\x12GetIdentityRequest\"\xd4\x01\n\rPartyIdentity\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x62ox_public_key\x18\x03 \x01(\x0c\x12\x1a\n\x12signing_public_key\x18\x04 \x01(\x0c\x12\x1b\n\x13tls_certificate_pem\x18\x05 \x01(\x0c\x12\x1b\n\x13mpc_certificate_pem\x18\x06 \x01(\x0c\x12\x0f\n\x07\x65ngines\x18\x07 \x03(\t\x12\x10\n\x08mpc_host\x18\x08 \x01(\t\x12\x15\n\rmpc_port_base\x18\t \x01(\r\"\x8e\x01\n\x10UploadPartHeader\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x11\n\tupload_id\x18\x02 \x01(\t\x12\x10\n\x08owner_id\x18\x03 \x01(\t\x12\x10\n\x08manifest\x18\x04 \x01(\x0c\x12\x1a\n\x12manifest_signature\x18\x05 \x01(\x0c\x12\x13\n\x0bsealed_size\x18\x06 \x01(\x04\"W\n\x0fUploadPartChunk\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.ppfs.v1.UploadPartHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"]\n\x15PutUploadPartResponse\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x11\n\tupload_id\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x04\x12\x0f\n\x07\x63olumns\x18\x04 \x01(\x04\"\'\n\x11GetDatasetRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"\x95\x01\n\x0b\x44\x61tasetInfo\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63olumns\x18\x02 \x03(\t\x12\x18\n\x10\x63olumn_exponents\x18\x03 \x03(\x11\x12\x14\n\x0clabel_column\x18\x04 \x01(\t\x12\x0f\n\x07\x63lasses\x18\x05 \x01(\r\x12\x0c\n\x04rows\x18\x06 \x01(\x04\x12\x12\n\nupload_ids\x18\x07 \x03(\t\"O\n\x12TrainingParameters\x12\x0e\n\x06\x65pochs\x18\x01 \x01(\r\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x15\n\rlearning_rate\x18\x03 \x01(\x01\"\xb7\x02\n\x0eJobDescription\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x61taset_ids\x18\x02 \x03(\t\x12)\n\x0b\x63ombination\x18\x03 \x01(\x0e\x32\x14.ppfs.v1.Combination\x12\x14\n\x0clabel_column\x18\x04 \x01(\t\x12\t\n\x01k\x18\x05 \x01(\r\x12\x10\n\x08security\x18\x06 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x07 \x01(\t\x12\x11\n\tfrac_bits\x18\x08 \x01(\r\x12-\n\x08training\x18\t \x01(\x0b\x32\x1b.ppfs.v1.TrainingParameters\x12\x1c\n\x14recipient_public_key\x18\n \x01(\x0c\x12\x16\n\x0emask_upload_id\x18\x0b \x01(\t\x12\x1a\n\x12peer_mpc_addresses\x18\x0c \x03(\t\"S\n\x0fStartJobRequest\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.ppfs.v1.JobDescription\x12\x1a\n\x12\x64\x65scription_sha256\x18\x02 \x01(\t\":\n\x10StartJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0eprogram_sha256\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"5\n\x11\x43\x61ncelJobResponse\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.ppfs.v1.JobState\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xaa\x01\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.ppfs.v1.JobState\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x10\n\x08progress\x18\x04 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x16\n\x0eprogram_sha256\x18\x06 \x01(\t\x12\x0f\n\x07seconds\x18\x07 \x01(\x01\x12\x12\n\nbytes_sent\x18\x08 \x01(\x04\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\".\n\x08JobEvent\x12\"\n\x06status\x18\x01 \x01(\x0b\x32\x12.ppfs.v1.JobStatus\"(\n\x16\x46\x65tchResultPartRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"Z\n\x10SealedResultPart\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bparty_index\x18\x02 \x01(\r\x12\x0e\n\x06sealed\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c*`\n\x0b\x43ombination\x12\x1b\n\x17\x43OMBINATION_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43OMBINATION_HORIZONTAL\x10\x01\x12\x18\n\x14\x43OMBINATION_VERTICAL\x10\x02*\x9a\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x32\xa4\x04\n\x0cPartyService\x12\x42\n\x0bGetIdentity\x12\x1b.ppfs.v1.GetIdentityRequest\x1a\x16.ppfs.v1.PartyIdentity\x12K\n\rPutUploadPart\x12\x18.ppfs.v1.UploadPartChunk\x1a\x1e.ppfs.v1.PutUploadPartResponse(\x01\x12>\n\nGetDataset\x12\x1a.ppfs.v1.GetDatasetRequest\x1a\x14.ppfs.v1.DatasetInfo\x12?\n\x08StartJob\x12\x18.ppfs.v1.StartJobRequest\x1a\x19.ppfs.v1.StartJobResponse\x12\x42\n\tCancelJob\x12\x19.ppfs.v1.CancelJobRequest\x1a\x1a.ppfs.v1.CancelJobResponse\x12\x34\n\x06GetJob\x12\x16.ppfs.v1.GetJobRequest\x1a\x12.ppfs.v1.JobStatus\x12\x39\n\x08WatchJob\x12\x18.ppfs.v1.WatchJobRequest\x1a\x11.ppfs.v1.JobEvent0\x01\x12M\n\x0f\x46\x65tchResultPart\x12\x1f.ppfs.v1.FetchResultPartRequest\x1a\x19.ppfs.v1.SealedResultPartb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13ppfs/v1/party.proto\x12\x07ppfs.v1\"\x14\n\x12GetIdentityRequest\"\xd4\x01\n\rPartyIdentity\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x62ox_public_key\x18\x03 \x01(\x0c\x12\x1a\n\x12signing_public_key\x18\x04 \x01(\x0c\x12\x1b\n\x13tls_certificate_pem\x18\x05 \x01(\x0c\x12\x1b\n\x13mpc_certificate_pem\x18\x06 \x01(\x0c\x12\x0f\n\x07\x65ngines\x18\x07 \x03(\t\x12\x10\n\x08mpc_host\x18\x08 \x01(\t\x12\x15\n\rmpc_port_base\x18\t \x01(\r\"\x8e\x01\n\x10UploadPartHeader\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x11\n\tupload_id\x18\x02 \x01(\t\x12\x10\n\x08owner_id\x18\x03 \x01(\t\x12\x10\n\x08manifest\x18\x04 \x01(\x0c\x12\x1a\n\x12manifest_signature\x18\x05 \x01(\x0c\x12\x13\n\x0bsealed_size\x18\x06 \x01(\x04\"W\n\x0fUploadPartChunk\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.ppfs.v1.UploadPartHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"]\n\x15PutUploadPartResponse\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x11\n\tupload_id\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x04\x12\x0f\n\x07\x63olumns\x18\x04 \x01(\x04\"\'\n\x11GetDatasetRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"\x95\x01\n\x0b\x44\x61tasetInfo\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63olumns\x18\x02 \x03(\t\x12\x18\n\x10\x63olumn_exponents\x18\x03 \x03(\x11\x12\x14\n\x0clabel_column\x18\x04 \x01(\t\x12\x0f\n\x07\x63lasses\x18\x05 \x01(\r\x12\x0c\n\x04rows\x18\x06 \x01(\x04\x12\x12\n\nupload_ids\x18\x07 \x03(\t\"]\n\x12TrainingParameters\x12\x0e\n\x06\x65pochs\x18\x01 \x01(\r\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x15\n\rlearning_rate\x18\x03 \x01(\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\xb7\x02\n\x0eJobDescription\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x61taset_ids\x18\x02 \x03(\t\x12)\n\x0b\x63ombination\x18\x03 \x01(\x0e\x32\x14.ppfs.v1.Combination\x12\x14\n\x0clabel_column\x18\x04 \x01(\t\x12\t\n\x01k\x18\x05 \x01(\r\x12\x10\n\x08security\x18\x06 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x07 \x01(\t\x12\x11\n\tfrac_bits\x18\x08 \x01(\r\x12-\n\x08training\x18\t \x01(\x0b\x32\x1b.ppfs.v1.TrainingParameters\x12\x1c\n\x14recipient_public_key\x18\n \x01(\x0c\x12\x16\n\x0emask_upload_id\x18\x0b \x01(\t\x12\x1a\n\x12peer_mpc_addresses\x18\x0c \x03(\t\"S\n\x0fStartJobRequest\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.ppfs.v1.JobDescription\x12\x1a\n\x12\x64\x65scription_sha256\x18\x02 \x01(\t\":\n\x10StartJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0eprogram_sha256\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"5\n\x11\x43\x61ncelJobResponse\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.ppfs.v1.JobState\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xaa\x01\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.ppfs.v1.JobState\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x10\n\x08progress\x18\x04 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x16\n\x0eprogram_sha256\x18\x06 \x01(\t\x12\x0f\n\x07seconds\x18\x07 \x01(\x01\x12\x12\n\nbytes_sent\x18\x08 \x01(\x04\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\".\n\x08JobEvent\x12\"\n\x06status\x18\x01 \x01(\x0b\x32\x12.ppfs.v1.JobStatus\"(\n\x16\x46\x65tchResultPartRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"Z\n\x10SealedResultPart\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bparty_index\x18\x02 \x01(\r\x12\x0e\n\x06sealed\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c*`\n\x0b\x43ombination\x12\x1b\n\x17\x43OMBINATION_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43OMBINATION_HORIZONTAL\x10\x01\x12\x18\n\x14\x43OMBINATION_VERTICAL\x10\x02*\x9a\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x32\xa4\x04\n\x0cPartyService\x12\x42\n\x0bGetIdentity\x12\x1b.ppfs.v1.GetIdentityRequest\x1a\x16.ppfs.v1.PartyIdentity\x12K\n\rPutUploadPart\x12\x18.ppfs.v1.UploadPartChunk\x1a\x1e.ppfs.v1.PutUploadPartResponse(\x01\x12>\n\nGetDataset\x12\x1a.ppfs.v1.GetDatasetRequest\x1a\x14.ppfs.v1.DatasetInfo\x12?\n\x08StartJob\x12\x18.ppfs.v1.StartJobRequest\x1a\x19.ppfs.v1.StartJobResponse\x12\x42\n\tCancelJob\x12\x19.ppfs.v1.CancelJobRequest\x1a\x1a.ppfs.v1.CancelJobResponse\x12\x34\n\x06GetJob\x12\x16.ppfs.v1.GetJobRequest\x1a\x12.ppfs.v1.JobStatus\x12\x39\n\x08WatchJob\x12\x18.ppfs.v1.WatchJobRequest\x1a\x11.ppfs.v1.JobEvent0\x01\x12M\n\x0f\x46\x65tchResultPart\x12\x1f.ppfs.v1.FetchResultPartRequest\x1a\x19.ppfs.v1.SealedResultPartb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ppfs.v1.party_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COMBINATION']._serialized_start=1845
-  _globals['_COMBINATION']._serialized_end=1941
-  _globals['_JOBSTATE']._serialized_start=1944
-  _globals['_JOBSTATE']._serialized_end=2098
+  _globals['_COMBINATION']._serialized_start=1859
+  _globals['_COMBINATION']._serialized_end=1955
+  _globals['_JOBSTATE']._serialized_start=1958
+  _globals['_JOBSTATE']._serialized_end=2112
   _globals['_GETIDENTITYREQUEST']._serialized_start=32
   _globals['_GETIDENTITYREQUEST']._serialized_end=52
   _globals['_PARTYIDENTITY']._serialized_start=55
@@ -50,29 +50,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DATASETINFO']._serialized_start=640
   _globals['_DATASETINFO']._serialized_end=789
   _globals['_TRAININGPARAMETERS']._serialized_start=791
-  _globals['_TRAININGPARAMETERS']._serialized_end=870
-  _globals['_JOBDESCRIPTION']._serialized_start=873
-  _globals['_JOBDESCRIPTION']._serialized_end=1184
-  _globals['_STARTJOBREQUEST']._serialized_start=1186
-  _globals['_STARTJOBREQUEST']._serialized_end=1269
-  _globals['_STARTJOBRESPONSE']._serialized_start=1271
-  _globals['_STARTJOBRESPONSE']._serialized_end=1329
-  _globals['_CANCELJOBREQUEST']._serialized_start=1331
-  _globals['_CANCELJOBREQUEST']._serialized_end=1365
-  _globals['_CANCELJOBRESPONSE']._serialized_start=1367
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1420
-  _globals['_GETJOBREQUEST']._serialized_start=1422
-  _globals['_GETJOBREQUEST']._serialized_end=1453
-  _globals['_JOBSTATUS']._serialized_start=1456
-  _globals['_JOBSTATUS']._serialized_end=1626
-  _globals['_WATCHJOBREQUEST']._serialized_start=1628
-  _globals['_WATCHJOBREQUEST']._serialized_end=1661
-  _globals['_JOBEVENT']._serialized_start=1663
-  _globals['_JOBEVENT']._serialized_end=1709
-  _globals['_FETCHRESULTPARTREQUEST']._serialized_start=1711
-  _globals['_FETCHRESULTPARTREQUEST']._serialized_end=1751
-  _globals['_SEALEDRESULTPART']._serialized_start=1753
-  _globals['_SEALEDRESULTPART']._serialized_end=1843
-  _globals['_PARTYSERVICE']._serialized_start=2101
-  _globals['_PARTYSERVICE']._serialized_end=2649
+  _globals['_TRAININGPARAMETERS']._serialized_end=884
+  _globals['_JOBDESCRIPTION']._serialized_start=887
+  _globals['_JOBDESCRIPTION']._serialized_end=1198
+  _globals['_STARTJOBREQUEST']._serialized_start=1200
+  _globals['_STARTJOBREQUEST']._serialized_end=1283
+  _globals['_STARTJOBRESPONSE']._serialized_start=1285
+  _globals['_STARTJOBRESPONSE']._serialized_end=1343
+  _globals['_CANCELJOBREQUEST']._serialized_start=1345
+  _globals['_CANCELJOBREQUEST']._serialized_end=1379
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1381
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1434
+  _globals['_GETJOBREQUEST']._serialized_start=1436
+  _globals['_GETJOBREQUEST']._serialized_end=1467
+  _globals['_JOBSTATUS']._serialized_start=1470
+  _globals['_JOBSTATUS']._serialized_end=1640
+  _globals['_WATCHJOBREQUEST']._serialized_start=1642
+  _globals['_WATCHJOBREQUEST']._serialized_end=1675
+  _globals['_JOBEVENT']._serialized_start=1677
+  _globals['_JOBEVENT']._serialized_end=1723
+  _globals['_FETCHRESULTPARTREQUEST']._serialized_start=1725
+  _globals['_FETCHRESULTPARTREQUEST']._serialized_end=1765
+  _globals['_SEALEDRESULTPART']._serialized_start=1767
+  _globals['_SEALEDRESULTPART']._serialized_end=1857
+  _globals['_PARTYSERVICE']._serialized_start=2115
+  _globals['_PARTYSERVICE']._serialized_end=2663
 # @@protoc_insertion_point(module_scope)

@@ -118,14 +118,16 @@ class DatasetInfo(_message.Message):
     def __init__(self, dataset_id: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., column_exponents: _Optional[_Iterable[int]] = ..., label_column: _Optional[str] = ..., classes: _Optional[int] = ..., rows: _Optional[int] = ..., upload_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TrainingParameters(_message.Message):
-    __slots__ = ("epochs", "batch_size", "learning_rate")
+    __slots__ = ("epochs", "batch_size", "learning_rate", "seed")
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
     epochs: int
     batch_size: int
     learning_rate: float
-    def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
+    seed: int
+    def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class JobDescription(_message.Message):
     __slots__ = ("job_id", "dataset_ids", "combination", "label_column", "k", "security", "engine", "frac_bits", "training", "recipient_public_key", "mask_upload_id", "peer_mpc_addresses")

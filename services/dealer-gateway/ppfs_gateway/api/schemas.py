@@ -107,7 +107,8 @@ class GrantOut(BaseModel):
 class TrainingIn(Strict):
     epochs: int = Field(ge=1, le=10_000)
     batch_size: int = Field(ge=1, le=1 << 20)
-    learning_rate: float = Field(gt=0, le=100)
+    learning_rate: float = Field(gt=0, le=4)
+    seed: int = Field(default=0, ge=0, lt=1 << 63, description="public batch-order seed")
 
 
 class JobCreate(Strict):
