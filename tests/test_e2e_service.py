@@ -5,6 +5,7 @@ recipient. Results are checked against the fixed-point mirror and the oracle."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +164,39 @@ def test_service_training_job_delivers_only_the_model(tmp_path: Path, engine: st
         assert np.all(
             np.abs(np.asarray(got.model.intercepts) - beta_ref) <= tol * (1 + ratio) + 2.0**-16 * k
         )
+    finally:
+        s.close()
+        shutil.rmtree(tmp_path / "parties", ignore_errors=True)
+
+
+def test_stopped_party_is_named_not_the_peers_that_lost_it(tmp_path: Path) -> None:
+    """A party stopped mid-job makes its peers' engines fail too ("a peer stopped
+    first"); the job must fail naming the stopped party, within 60 s."""
+    s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",)))
+    try:
+        m, p = 150, 8
+        t = make_table(m, p, seed=8)
+        a, admin = s.client("owner-a"), s.client("admin")
+        ds = a.create_dataset("a")
+        a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, m)), ds["id"])
+        admin.grant(ds["id"], "analyst-1")
+        analyst = s.client("analyst-1")
+        job = analyst.submit(s.keys["analyst-1"], [ds["id"]], label="label", k=2, engine="mpyc")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until every party's engine runs
+            j = analyst.get_job(job["id"])
+            if all(pp["state"] == "running" for pp in j["parties"]):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the job never ran on every party")
+        time.sleep(0.5)
+        stopped_at = time.monotonic()
+        s.loop.run(s.cluster.servers[1].stop(0))  # Bob goes away mid-job
+        done = wait_final(analyst, job["id"], timeout=90)
+        assert done["state"] == "failed"
+        assert time.monotonic() - stopped_at < 60
+        assert "Bob" in done["error"], done["error"]
     finally:
         s.close()
         shutil.rmtree(tmp_path / "parties", ignore_errors=True)

@@ -71,6 +71,22 @@ class JobPlan:
     classes: tuple[str, ...]
 
 
+# How long a "a peer went away" failure waits for its cause to show before the reporter
+# is named; well inside the 60 s in which a job must fail when a party dies.
+BLAME_SECONDS = 10.0
+# Engine failures that only say another party stopped first (MP-SPDZ, MPyC wording).
+_SYMPTOMS = (
+    "a peer stopped first",
+    "an MPC peer was lost",
+    "lost its connection to another party",
+    "a connection was closed",
+)
+
+
+def _is_symptom(error: str) -> bool:
+    return any(s in error for s in _SYMPTOMS)
+
+
 def canonical(desc: pb.JobDescription) -> tuple[bytes, str]:
     blob = desc.SerializeToString(deterministic=True)
     return blob, hashlib.sha256(blob).hexdigest()
@@ -367,7 +383,10 @@ class JobCoordinator:
         if job is None or job.state in FINAL_STATES:
             return
         if state == "failed":
-            await self._fail(job_id, f"{c.name} failed: {st.error[:300] or 'no reason given'}")
+            reason = f"{c.name} failed: {st.error[:300] or 'no reason given'}"
+            if _is_symptom(st.error):
+                reason = await self._blame(job_id, c, reason)
+            await self._fail(job_id, reason)
         elif state == "cancelled":
             await self._fail(job_id, f"{c.name} cancelled the job")
         elif all(p.state == "succeeded" for p in job.parties):
@@ -381,6 +400,27 @@ class JobCoordinator:
             if self.registry.set_job_state(job_id, "succeeded"):
                 log.info("[Gateway.Job] job=%s succeeded", job_id)
                 self._notify(job_id)
+
+    async def _blame(self, job_id: str, reporter: PartyClient, reason: str) -> str:
+        """A party whose engine stopped because a peer went away is a symptom: look for the
+        cause (a party that is unreachable, or failed for a reason of its own) for a few
+        seconds before naming the reporter."""
+        deadline = time.monotonic() + BLAME_SECONDS
+        while True:
+            for other in self.parties.clients:
+                if other is reporter:
+                    continue
+                try:
+                    st = await other.get_job(job_id, timeout=min(2.0, self.rpc_seconds))
+                except NotFound:
+                    return f"{other.name} does not know the job"
+                except GatewayError:
+                    return f"lost the connection to {other.name}"
+                if st.state == pb.JOB_STATE_FAILED and not _is_symptom(st.error):
+                    return f"{other.name} failed: {st.error[:300] or 'no reason given'}"
+            if time.monotonic() >= deadline or self._final(job_id):
+                return reason
+            await asyncio.sleep(0.5)
 
     async def _fail(self, job_id: str, reason: str) -> None:
         if self.registry.set_job_state(job_id, "failed", reason):
