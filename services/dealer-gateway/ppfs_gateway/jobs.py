@@ -392,11 +392,10 @@ class JobCoordinator:
         elif all(p.state == "succeeded" for p in job.parties):
             hashes = {p.program_sha256 for p in job.parties}
             if len(hashes) > 1:
-                # informational: each party checks its own program against the description;
-                # MP-SPDZ bytecode compiled in different directories need not be identical
-                log.info(
-                    "[Gateway.Job] job=%s parties report %d program hashes", job_id, len(hashes)
-                )
+                # every party compiled the program itself from the same description: a
+                # different hash means some party ran something else
+                await self._fail(job_id, "the parties report different program hashes")
+                return
             if self.registry.set_job_state(job_id, "succeeded"):
                 log.info("[Gateway.Job] job=%s succeeded", job_id)
                 self._notify(job_id)

@@ -246,6 +246,10 @@ def tree_hash(programs: Path, name: str) -> str:
     h = hashlib.sha256()
     for f in files:
         data = f.read_bytes()
+        if f.suffix == ".sch":
+            # the schedule records the compiler's command line, paths included; parties
+            # compiling in different directories must still agree on the program
+            data = b"\n".join(ln for ln in data.split(b"\n") if b"compile.py" not in ln)
         rel = f.relative_to(programs).as_posix().encode()
         h.update(len(rel).to_bytes(4, "big") + rel + len(data).to_bytes(8, "big") + data)
     return h.hexdigest()
@@ -363,7 +367,7 @@ class MpSpdzEngine:
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, str(self.home / "compile.py"), "-E", protocol.compile_flag,
-                *COMPILE_FLAGS, str(src), *args,
+                *COMPILE_FLAGS, str(src.relative_to(tmp)), *args,
                 cwd=tmp, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             )
