@@ -44,16 +44,18 @@ def add_commands(sub: Any) -> None:
 
     demo = sub.add_parser(
         "demo-service",
-        help="run the main job through the service: upload, Step 2A, fetch the result",
+        help="run the main job through the service: upload, Step 2A + 2B, fetch the result",
         description="Start a local stack, split a synthetic data set between two data owners, "
-        "upload both halves, submit Step 2A as the analyst, watch it, fetch and open the "
-        "result, and compare with the plaintext MS-GINI choice.",
+        "upload both halves, submit Step 2A and Step 2B (training) as the analyst, watch it, "
+        "fetch and open the result (selection and model), and compare the selection with the "
+        "plaintext MS-GINI choice.",
     )
     _stack_args(demo, default_dir=None)
     demo.add_argument("--rows", type=int, default=200)
     demo.add_argument("--cols", type=int, default=12)
     demo.add_argument("--k", type=int, default=4)
     demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--epochs", type=int, default=5, help="Step 2B epochs (0: no training)")
     demo.set_defaults(func=_demo)
 
 

@@ -326,11 +326,17 @@ def _demo_flow(stack: Stack, layout: StackLayout, args: argparse.Namespace, engi
         print(f"demo: owner-b uploaded {t.m - half} rows as data set {ds_b['id']}", file=sys.stderr)
         for d in (ds_a, ds_b):
             admin.grant(d["id"], "analyst")
+        epochs = getattr(args, "epochs", 0)
+        training = (
+            {"epochs": epochs, "batch_size": 32, "learning_rate": 0.5} if epochs > 0 else None
+        )
         job = analyst.submit(
             keys("analyst"), [ds_a["id"], ds_b["id"]], label=t.label_column, k=args.k,
-            security=security, engine=engine,
+            security=security, engine=engine, training=training,
         )  # fmt: skip
-        print(f"demo: job {job['id']} submitted ({security} on {engine})", file=sys.stderr)
+        steps = "Step 2A + 2B" if training else "Step 2A"
+        print(f"demo: job {job['id']} submitted: {steps}, {security} on {engine}",
+              file=sys.stderr)  # fmt: skip
         last = job
         for ev in analyst.events(job["id"]):
             if ev["parties"] != last["parties"] or ev["state"] != last["state"]:
@@ -351,4 +357,15 @@ def _demo_flow(stack: Stack, layout: StackLayout, args: argparse.Namespace, engi
     print(
         "plaintext MS-GINI on the same data selects: " + ", ".join(t.columns[int(j)] for j in plain)
     )
+    if sel.model is not None:
+        weights = np.asarray(sel.model.weights)[0]
+        intercept = float(np.asarray(sel.model.intercepts)[0])
+        print("logistic regression trained inside MPC (original units, selected columns):")
+        for name, j in zip(sel.columns, sel.indices, strict=True):
+            print(f"  {name:>10}  {weights[int(j)]: .6g}")
+        print(f"  {'intercept':>10}  {intercept: .6g}")
+        scores = t.x @ weights + intercept
+        acc = float(((scores > 0).astype(int) == t.y).mean())
+        print(f"training accuracy on the synthetic data (the demo plays every role): "
+              f"{100 * acc:.1f}%")  # fmt: skip
     return 0 if np.array_equal(sel.indices, plain) else 1
