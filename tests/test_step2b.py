@@ -240,9 +240,9 @@ def test_mpspdz_training_only_withholds_reduced(tmp_path: Path) -> None:
     _check_against_oracle(sel, table, 2, params)
 
 
-@pytest.mark.parametrize(("security", "n_classes"),
-                         [(Security.PASSIVE_3PC, 2), (Security.PASSIVE_4PC, 3)],
-                         ids=["passive-3pc-binary", "passive-4pc-3class"])
+@pytest.mark.parametrize("n_classes", [2, 3], ids=["binary", "3class"])
+@pytest.mark.parametrize("security", [Security.PASSIVE_3PC, Security.PASSIVE_4PC],
+                         ids=lambda s: s.value)
 def test_mpyc_training_matches_oracle(security: Security, n_classes: int,
                                       tmp_path: Path) -> None:
     table = make_table(30, 4, n_classes=n_classes, seed=2)

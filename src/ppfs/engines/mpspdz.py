@@ -75,6 +75,9 @@ PROGRAM = "step2a"
 # long-vector and indirect (gather) memory accesses only partially and otherwise
 # may reorder them within a basic block, which silently corrupts results.
 COMPILE_FLAGS = ("-M",)
+# Bumped whenever what a cache entry holds or how its hash is computed changes, so an
+# old entry is never mistaken for a new one.
+CACHE_LAYOUT = b"ppfs-mpspdz-cache-2"
 INTEGRITY_MARKER = b"PPFS-INTEGRITY-FAILURE"
 LOG_CAP = 256 * 1024  # bytes of each party's stdout/stderr kept on disk
 DEFAULT_TIMEOUT = 4 * 3600.0
@@ -346,7 +349,8 @@ class MpSpdzEngine:
         source = program_source()
         key = hashlib.sha256(
             b"\0".join(
-                [source, protocol.compile_flag.encode(), *(f.encode() for f in COMPILE_FLAGS),
+                [CACHE_LAYOUT, source, protocol.compile_flag.encode(),
+                 *(f.encode() for f in COMPILE_FLAGS),
                  *(a.encode() for a in args),
                  _compiler_fingerprint(self.home).encode()]
             )
