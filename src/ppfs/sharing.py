@@ -17,7 +17,6 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ppfs.durable import write_durable
 from ppfs.errors import ShareFormatError
 
 MAGIC = b"PPFSSHR1"
@@ -187,13 +187,8 @@ class ShareBundle:
         return cls(scheme, party, dataset_id, kind, (rows, cols), frac_bits, comps)
 
     def save(self, path: Path) -> None:
-        """Write atomically: a reader never sees a half-written bundle."""
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(self.to_bytes())
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(path)
+        """Write durably and atomically: a reader never sees a half-written bundle."""
+        write_durable(path, self.to_bytes())
 
     @classmethod
     def load(cls, path: Path) -> ShareBundle:

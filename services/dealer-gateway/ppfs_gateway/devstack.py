@@ -22,7 +22,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from ppfs.durable import free_ports
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import PpfsError
 
@@ -43,17 +43,7 @@ PRINCIPALS = (
 START_TIMEOUT = 60.0
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -160,7 +150,7 @@ class Stack:
         lay = self.layout
         run = lay.root / "run"
         run.mkdir(exist_ok=True)
-        mpc_ports = _free_ports(lay.parties)
+        mpc_ports = free_ports(lay.parties)
         party_ports = []
         for i, state in enumerate(lay.party_dirs):
             name = PARTY_NAMES[i].lower()

@@ -19,15 +19,13 @@ import contextlib
 import datetime as dt
 import json
 import logging
-import os
 import shutil
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
+from ppfs.durable import write_durable
 from ppfs.engines.base import Engine, PartyRunResult, PartyRunSpec, PartyTls
 from ppfs.errors import EngineUnavailableError, ParameterError, PpfsError
 from ppfs.jobdesc import description_sha256, train_params
@@ -88,20 +86,6 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -148,7 +132,7 @@ class JobRunner:
 
     def _save(self, rec: JobRecord) -> None:
         rec.updated_at = _now()
-        _write_atomic(self.jobs_dir / f"{rec.job_id}.json",
+        write_durable(self.jobs_dir / f"{rec.job_id}.json",
                       json.dumps(asdict(rec), indent=1, sort_keys=True).encode())
 
     def _cond(self, job_id: str) -> asyncio.Condition:
@@ -286,7 +270,7 @@ class JobRunner:
                         pending.clear()
                 result = run.result()
                 await asyncio.to_thread(
-                    _write_atomic, self.jobs_dir / job_id / "opened.u64",
+                    write_durable, self.jobs_dir / job_id / "opened.u64",
                     np.ascontiguousarray(result.opened, dtype="<u8").tobytes(),
                 )
                 await self._update(

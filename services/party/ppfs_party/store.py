@@ -32,6 +32,7 @@ from pathlib import Path
 
 from nacl.public import PrivateKey
 
+from ppfs.durable import fsync_dir, write_durable
 from ppfs.errors import ParameterError, ShareFormatError
 from ppfs.sharing import Scheme, ShareBundle
 from ppfs.upload import Manifest, UploadRejected, open_sealed, unpack_bundles, verify_manifest
@@ -68,7 +69,7 @@ def register_owner(state_dir: Path, owner_id: str, public_key: bytes) -> None:
     path = state_dir / "owners.json"
     owners = {k: v.hex() for k, v in load_owners(path).items()}
     owners[check_id(owner_id, "owner id")] = public_key.hex()
-    _write_durable(path, json.dumps(owners, indent=1, sort_keys=True).encode())
+    write_durable(path, json.dumps(owners, indent=1, sort_keys=True).encode())
 
 
 @dataclass(frozen=True)
@@ -89,24 +90,6 @@ class StoredUpload:
 
     def bundle(self, kind: str) -> ShareBundle:
         return ShareBundle.load(self.directory / f"{kind}.shr")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durable(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-    _fsync_dir(path.parent)
 
 
 class ShareStore:
@@ -297,10 +280,10 @@ class ShareStore:
                     fh.write(data)
                     fh.flush()
                     os.fsync(fh.fileno())
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             final = self.uploads_dir / manifest.upload_id
             tmp.rename(final)  # fails if the id exists: never overwrite
-            _fsync_dir(self.uploads_dir)
+            fsync_dir(self.uploads_dir)
         except BaseException:
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
-import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -25,6 +24,7 @@ import numpy as np
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey, VerifyKey
 
+from ppfs.durable import free_ports
 from ppfs.jobdesc import description_sha256
 from ppfs.pki import CertificateAuthority
 from ppfs.sharing import Scheme, ShareBundle, bundles_for_all
@@ -48,17 +48,7 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+
 
 
 @dataclass

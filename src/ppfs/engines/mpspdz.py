@@ -42,7 +42,6 @@ import hashlib
 import os
 import re
 import shutil
-import socket
 import sys
 import time
 import uuid
@@ -54,6 +53,7 @@ from pathlib import Path
 import numpy as np
 from cryptography import x509
 
+from ppfs.durable import free_ports
 from ppfs.engines.base import (
     INPUT_FILES,
     PARTY_NAMES,
@@ -226,20 +226,6 @@ def _hash_link(directory: Path, fname: str, digest: str) -> None:
     while (directory / f"{digest}.{n}").is_symlink():
         n += 1
     (directory / f"{digest}.{n}").symlink_to(fname)
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on the loopback interface (chosen by the kernel)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def tree_hash(programs: Path, name: str) -> str:

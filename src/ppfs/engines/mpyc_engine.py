@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 
 import ppfs
+from ppfs.durable import free_ports
 from ppfs.engines import mpyc_party
 from ppfs.engines.base import (
     PARTY_NAMES,
@@ -80,20 +80,6 @@ def default_timeout(shape: Step2AShape, parties: int) -> float:
     division = shape.p * 62 * 2 + 62 * 200  # per-step latency dominates for small p
     per_elem = 0.5e-3 * (parties / 3)
     return 300.0 + 10 * per_elem * (split + ranking + division)
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Distinct ports the OS reports free now (bound and released at once)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def program_hash(shape: Step2AShape, security: Security) -> str:

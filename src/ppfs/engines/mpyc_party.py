@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from ppfs import step2b
+from ppfs.durable import write_durable
 from ppfs.errors import PpfsError, ShareFormatError
 from ppfs.sharing import Scheme, ShareBundle
 from ppfs.step2a import MASK_WORD_BITS, RING_BITS, Security, Step2AShape, bitlen
@@ -667,17 +668,8 @@ def _ranks_from_pairs(
 # --------------------------------------------------------------------- main
 
 
-def write_atomic(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(payload)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-
-
 def write_result(path: Path, result: dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(result, sort_keys=True).encode())
+    write_durable(path, json.dumps(result, sort_keys=True).encode())
 
 
 class _RedactingFormatter(logging.Formatter):
@@ -731,7 +723,7 @@ def run_party(job: PartyJob) -> int:
         stats["bytes_sent"] = bytes_sent(rt)
         stats["mpc_seconds"] = time.monotonic() - t_mpc
         if opened is not None and job.output_path is not None:
-            write_atomic(job.output_path, opened.astype("<u8").tobytes())
+            write_durable(job.output_path, opened.astype("<u8").tobytes())
         status.phase("shutting down")
         await guarded(rt.shutdown(), min(deadline, time.monotonic() + 60.0), None, parent)
 
