@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -402,10 +403,11 @@ class _Service:
             admin.grant(ds["id"], "analyst")
         return t, ds["id"]
 
-    def submit(self, table, dataset_id: str, k: int, security: str) -> str:
+    def submit(self, table, dataset_id: str, k: int, security: str,
+               training: dict | None = None) -> str:
         with self.client("analyst") as analyst:
             job = analyst.submit(self.keys("analyst"), [dataset_id], label=table.label_column,
-                                 k=k, security=security, engine="mp-spdz")
+                                 k=k, security=security, engine="mp-spdz", training=training)
         return str(job["id"])
 
     def job(self, job_id: str) -> dict:
@@ -422,16 +424,22 @@ class _Service:
             time.sleep(0.5)
         raise AssertionError(f"job {job_id} not {until} within {timeout} s: {self.job(job_id)}")
 
-    def run_to_success(self, table, dataset_id: str, k: int, security: str) -> None:
+    def run_to_success(self, table, dataset_id: str, k: int, security: str,
+                       training: dict | None = None) -> None:
         from ppfs import oracle
 
-        job_id = self.submit(table, dataset_id, k, security)
+        job_id = self.submit(table, dataset_id, k, security, training)
         final = self.wait(job_id, 600)
         assert final["state"] == "succeeded", final
         with self.client("analyst") as analyst:
             sel = analyst.fetch_result(self.keys("analyst"), job_id)
         plain = oracle.ms_gini_top_k(table.x, table.y, table.n_classes, k)
         assert [int(i) for i in sel.indices] == [int(i) for i in plain]
+        if training is not None:  # Step 2B: the model, zero outside the selection
+            assert sel.model is not None
+            weights = np.asarray(sel.model.weights)
+            unselected = [j for j in range(table.p) if j not in set(plain.tolist())]
+            assert np.all(weights[:, unselected] == 0)
 
 
 def _free_port() -> int:
@@ -484,15 +492,19 @@ def test_compose_end_to_end(deployment: tuple) -> None:
     which, base, env, parties, security, svc = deployment
     t_start = time.monotonic()
 
-    # upload, a Step 2A job to success (checked against the plaintext oracle)
+    # upload, a Step 2A + 2B job to success (the selection checked against the plaintext
+    # oracle, the model zero outside it)
     small, small_id = svc.upload(120, 8, seed=11)
-    svc.run_to_success(small, small_id, 3, security)
+    svc.run_to_success(small, small_id, 3, security,
+                       training={"epochs": 2, "batch_size": 16, "learning_rate": 0.5})
 
     # a job long enough to be stopped mid-way; stop the last party's container
     victim = parties[-1] if which == "4pc" else "bob"
     victim_name = victim.capitalize()
     big, big_id = svc.upload(3000, 40, seed=12)
-    job_id = svc.submit(big, big_id, 5, security)
+    # many small SGD steps keep this job running long enough to stop a party mid-way
+    job_id = svc.submit(big, big_id, 5, security,
+                        training={"epochs": 30, "batch_size": 8, "learning_rate": 0.5})
     svc.wait(job_id, 300, until=("running", "succeeded", "failed"))
     time.sleep(2)
     assert svc.job(job_id)["state"] == "running", "the job ended before a party was stopped"
