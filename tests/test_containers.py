@@ -455,6 +455,10 @@ def deployment(request: pytest.FixtureRequest, images: tuple[str, str],
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     if not E2E:
         pytest.skip("end-to-end container flow is opt-in: set PPFS_DOCKER_TESTS=1")
+    from ppfs.engines.registry import get_engine
+
+    if (why := get_engine("mp-spdz").unavailable_reason()) is not None:
+        pytest.skip(f"the compose flow runs MP-SPDZ parties, copied from the host: {why}")
     which = request.param
     files, parties, security = COMPOSE_SETS[which]
     secrets = tmp_path_factory.mktemp(f"secrets-{which}")
