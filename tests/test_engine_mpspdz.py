@@ -341,3 +341,21 @@ def test_compiled_once_per_protocol_and_shape(engine: MpSpdzEngine, cache_dir: P
     assert other[2] != first[2]
     assert cache_dir in first[0].parents
     assert not str(first[0]).startswith(str(mpspdz_home()))
+
+
+def test_program_hash_ignores_what_varies_between_identical_compilations(tmp_path: Path) -> None:
+    """Parties compile the same program in different directories, and the compiler lists
+    its options from a Python set: neither may change the program's hash."""
+    hashes = []
+    for i, (path, opts) in enumerate([("/a/compile.py", "edabit trunc_pr"),
+                                      ("/b/x/compile.py", "trunc_pr edabit")]):
+        programs = tmp_path / f"p{i}" / "Programs"
+        (programs / "Bytecode").mkdir(parents=True)
+        (programs / "Schedules").mkdir()
+        (programs / "Bytecode" / "prog-0.bc").write_bytes(b"same bytecode")
+        (programs / "Schedules" / "prog.sch").write_text(
+            f"1\n1\nprog-0:10\n1 0\n0\n{path} -E ring prog\nR:64\nopts: {opts}\n")
+        hashes.append(mpspdz.tree_hash(programs, "prog"))
+    assert hashes[0] == hashes[1]
+    (programs / "Bytecode" / "prog-0.bc").write_bytes(b"other bytecode")
+    assert mpspdz.tree_hash(programs, "prog") != hashes[0]

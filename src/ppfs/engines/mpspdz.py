@@ -77,7 +77,7 @@ PROGRAM = "step2a"
 COMPILE_FLAGS = ("-M",)
 # Bumped whenever what a cache entry holds or how its hash is computed changes, so an
 # old entry is never mistaken for a new one.
-CACHE_LAYOUT = b"ppfs-mpspdz-cache-2"
+CACHE_LAYOUT = b"ppfs-mpspdz-cache-3"
 INTEGRITY_MARKER = b"PPFS-INTEGRITY-FAILURE"
 LOG_CAP = 256 * 1024  # bytes of each party's stdout/stderr kept on disk
 DEFAULT_TIMEOUT = 4 * 3600.0
@@ -228,6 +228,19 @@ def _hash_link(directory: Path, fname: str, digest: str) -> None:
     (directory / f"{digest}.{n}").symlink_to(fname)
 
 
+def _schedule_for_hash(data: bytes) -> bytes:
+    """The schedule without what varies between identical compilations: the compiler's
+    command line (paths) and the order of the options it lists (a Python set)."""
+    out = []
+    for ln in data.split(b"\n"):
+        if b"compile.py" in ln:
+            continue
+        if ln.startswith(b"opts:"):
+            ln = b"opts: " + b" ".join(sorted(ln[5:].split()))
+        out.append(ln)
+    return b"\n".join(out)
+
+
 def tree_hash(programs: Path, name: str) -> str:
     """SHA-256 over the program's bytecode files and schedule (names and contents)."""
     files = sorted((programs / "Bytecode").glob(f"{name}-*.bc"))
@@ -236,9 +249,7 @@ def tree_hash(programs: Path, name: str) -> str:
     for f in files:
         data = f.read_bytes()
         if f.suffix == ".sch":
-            # the schedule records the compiler's command line, paths included; parties
-            # compiling in different directories must still agree on the program
-            data = b"\n".join(ln for ln in data.split(b"\n") if b"compile.py" not in ln)
+            data = _schedule_for_hash(data)
         rel = f.relative_to(programs).as_posix().encode()
         h.update(len(rel).to_bytes(4, "big") + rel + len(data).to_bytes(8, "big") + data)
     return h.hexdigest()
@@ -359,6 +370,9 @@ class MpSpdzEngine:
                 sys.executable, str(self.home / "compile.py"), "-E", protocol.compile_flag,
                 *COMPILE_FLAGS, str(src.relative_to(tmp)), *args,
                 cwd=tmp, stdin=asyncio.subprocess.DEVNULL,
+                # a fixed hash seed: the compiler iterates over sets, and every party
+                # must produce the same program from the same description
+                env={**os.environ, "PYTHONHASHSEED": "0"},
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             )
             try:
