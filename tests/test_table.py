@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from ppfs.errors import InputDataError, ParameterError
-from ppfs.table import read_csv
+from ppfs.table import read_csv, read_features
 
 
 def write(tmp_path, text, name="d.csv"):
@@ -45,3 +45,11 @@ def test_bad_input_named(tmp_path, text, label, err, pattern):
 def test_missing_file(tmp_path):
     with pytest.raises(InputDataError, match="no such file"):
         read_csv(tmp_path / "nope.csv", "y")
+
+
+def test_read_features_without_label(tmp_path):
+    cols, x = read_features(write(tmp_path, "a,b\n1,2\n-3,4.5\n"))
+    assert cols == ("a", "b")
+    np.testing.assert_array_equal(x, [[1, 2], [-3, 4.5]])
+    with pytest.raises(InputDataError, match="column 'b', row 2: 'x' is not numeric"):
+        read_features(write(tmp_path, "a,b\n1,2\n3,x\n", name="bad.csv"))

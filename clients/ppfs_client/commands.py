@@ -9,17 +9,14 @@ the service failed, 2 bad input or a refused request.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ppfs.errors import InputDataError, ParameterError, PpfsError
-from ppfs.table import read_csv
+from ppfs.table import read_csv, read_features
 from ppfs_client.keys import ClientKeys
 from ppfs_client.sdk import ApiError, GatewayClient, OwnerTable
 
@@ -186,30 +183,8 @@ def _out(args: argparse.Namespace, obj: Any, text: str) -> None:
 
 def read_unlabelled(path: Path) -> OwnerTable:
     """A CSV of numeric columns only (an owner without the label, vertical split)."""
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
-    except FileNotFoundError:
-        raise InputDataError(f"{path}: no such file") from None
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise InputDataError(f"{path}: not a readable CSV file ({exc})") from None
-    if len(rows) < 2:
-        raise InputDataError(f"{path}: needs a header and at least one data row")
-    header = [h.strip() for h in rows[0]]
-    if len(set(header)) != len(header):
-        raise InputDataError(f"{path}: a column name appears more than once in the header")
-    x = np.empty((len(rows) - 1, len(header)))
-    for i, r in enumerate(rows[1:], start=1):
-        if len(r) != len(header):
-            raise InputDataError(f"{path}: row {i} has {len(r)} fields, the header {len(header)}")
-        for j, cell in enumerate(r):
-            try:
-                x[i - 1, j] = float(cell)
-            except ValueError:
-                raise InputDataError(
-                    f"{path}: column {header[j]!r}, row {i}: {cell.strip()[:20]!r} is not numeric"
-                ) from None
-    return OwnerTable(tuple(header), x)
+    columns, x = read_features(path)
+    return OwnerTable(columns, x)
 
 
 @_guard

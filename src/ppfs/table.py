@@ -45,6 +45,18 @@ class LabelledTable:
 
 def read_csv(path: Path, label: str) -> LabelledTable:
     """Read ``path`` with a header row; every column but ``label`` must be numeric."""
+    header, body = _read_rows(path)
+    return table_from_rows(header, body, label, source=str(path))
+
+
+def read_features(path: Path) -> tuple[tuple[str, ...], np.ndarray]:
+    """Read a CSV of numeric columns only (an owner without the label, vertical split)."""
+    header, body = _read_rows(path)
+    return tuple(header), _numeric(header, body, list(range(len(header))), str(path))
+
+
+def _read_rows(path: Path) -> tuple[list[str], list[list[str]]]:
+    """Header and data rows; refuses an unreadable, empty or ragged file."""
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             rows = list(csv.reader(fh))
@@ -67,7 +79,24 @@ def read_csv(path: Path, label: str) -> LabelledTable:
             raise InputDataError(
                 f"{path}: row {i} has {len(r)} fields but the header has {len(header)}"
             )
-    return table_from_rows(header, body, label, source=str(path))
+    return header, body
+
+
+def _numeric(header: list[str], body: list[list[str]], cols: list[int], source: str) -> np.ndarray:
+    """The float matrix of columns ``cols``, naming the first missing or non-numeric cell."""
+    x = np.empty((len(body), len(cols)), dtype=np.float64)
+    for i, r in enumerate(body, start=1):
+        for t, j in enumerate(cols):
+            cell = r[j].strip()
+            if cell == "" or cell in {"?", "NA", "NaN", "nan", "null"}:
+                raise InputDataError(f"{source}: column {header[j]!r}, row {i}: missing value")
+            try:
+                x[i - 1, t] = float(cell)
+            except ValueError:
+                raise InputDataError(
+                    f"{source}: column {header[j]!r}, row {i}: {cell[:20]!r} is not numeric"
+                ) from None
+    return x
 
 
 def table_from_rows(
@@ -79,18 +108,7 @@ def table_from_rows(
     feat_idx = [j for j in range(len(header)) if j != li]
     if not feat_idx:
         raise InputDataError(f"{source}: there are no feature columns besides the label")
-    x = np.empty((len(body), len(feat_idx)), dtype=np.float64)
-    for i, r in enumerate(body, start=1):
-        for t, j in enumerate(feat_idx):
-            cell = r[j].strip()
-            if cell == "" or cell in {"?", "NA", "NaN", "nan", "null"}:
-                raise InputDataError(f"{source}: column {header[j]!r}, row {i}: missing value")
-            try:
-                x[i - 1, t] = float(cell)
-            except ValueError:
-                raise InputDataError(
-                    f"{source}: column {header[j]!r}, row {i}: {cell[:20]!r} is not numeric"
-                ) from None
+    x = _numeric(header, body, feat_idx, source)
     labels = [r[li].strip() for r in body]
     for i, v in enumerate(labels, start=1):
         if v == "":
