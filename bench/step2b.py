@@ -95,7 +95,7 @@ def main() -> int:
         table = make_table(ds.m, ds.p, seed=1)
         params = PARAMS[ds.name]
         c = step2b.constants(ds.m, ds.k, 2, 32, params)
-        steps = params.epochs * (c.full_batches + (1 if c.last_batch else 0))
+        steps = params.epochs * len(c.batches())
         for sec in settings:
             plain, _ = run(table, ds.k, sec, engine, None)
             trained, _ = run(table, ds.k, sec, engine, params)

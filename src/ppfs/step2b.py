@@ -194,6 +194,14 @@ class TrainConstants:
     def alpha_frac(self) -> int:
         return self.frac + INV_SHIFT
 
+    def batches(self) -> list[tuple[int, int, int]]:
+        """(first row, size, scaled learning rate) of each batch of one epoch, in order,
+        over the permuted rows; the last batch may be smaller."""
+        out = [(i * self.batch, self.batch, self.eta_full) for i in range(self.full_batches)]
+        if self.last_batch:
+            out.append((self.full_batches * self.batch, self.last_batch, self.eta_last))
+        return out
+
     def program_args(self) -> list[int]:
         """The compile-time arguments of the MP-SPDZ program's Step 2B part, in order.
 
@@ -314,9 +322,7 @@ def mirror(reduced: np.ndarray, y: np.ndarray, n_classes: int, value_bits: int,
     weights = np.zeros((k, c.n_models), dtype=object)
     inter = np.zeros(c.n_models, dtype=object)
     steps = 0
-    batches = [(i * c.batch, c.batch, c.eta_full) for i in range(c.full_batches)]
-    if c.last_batch:
-        batches.append((c.full_batches * c.batch, c.last_batch, c.eta_last))
+    batches = c.batches()
     for _ in range(c.epochs):
         for start, size, eta in batches:
             zb, tb = zp[start:start + size], tp[start:start + size]

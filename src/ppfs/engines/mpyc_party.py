@@ -616,9 +616,7 @@ async def train_logistic(
 
     weights = secint.array(np.zeros((k, nm), dtype=object))
     inter = secint.array(np.zeros(nm, dtype=object))
-    batches = [(i * c.batch, c.batch, c.eta_full) for i in range(c.full_batches)]
-    if c.last_batch:
-        batches.append((c.full_batches * c.batch, c.last_batch, c.eta_last))
+    batches = c.batches()
     for _ in range(c.epochs):
         for start, size, eta in batches:
             zb, tb = zp[start:start + size], tp[start:start + size]
