@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from procs import processes_in
 
 import ppfs.engines.mpspdz as mpspdz
 from ppfs.engines.mpspdz import MpSpdzEngine, compile_args, subject_hash, write_party_input
@@ -53,19 +54,7 @@ def _encoded(table: LabelledTable, fp: FixedPoint) -> np.ndarray:
 
 
 def _engine_processes(root: Path) -> list[int]:
-    """PIDs of processes whose working directory lies under ``root``."""
-    root = root.resolve()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cwd = (entry / "cwd").resolve()
-        except OSError:
-            continue
-        if cwd == root or root in cwd.parents:
-            found.append(int(entry.name))
-    return found
+    return processes_in(root)
 
 
 def _check(table: LabelledTable, k: int, security: Security, engine: MpSpdzEngine, tmp: Path,

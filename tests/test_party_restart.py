@@ -22,6 +22,7 @@ from ppfs_party.testing import (
     upload_messages,
     watch_to_end,
 )
+from procs import processes_in
 
 from ppfs.engines.mpspdz import MpSpdzEngine
 from ppfs.engines.registry import mpspdz_home
@@ -37,19 +38,7 @@ _reason = MpSpdzEngine(mpspdz_home()).unavailable_reason()
 
 
 def _engine_processes(root: Path) -> list[int]:
-    """PIDs of processes whose working directory lies under ``root`` (engine parties)."""
-    root = root.resolve()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cwd = (entry / "cwd").resolve()
-        except OSError:
-            continue
-        if root in cwd.parents:
-            found.append(int(entry.name))
-    return found
+    return processes_in(root)
 
 
 class Cluster:
