@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any
 
 from ppfs.errors import ParameterError
 from ppfs.fixedpoint import FixedPoint
-from ppfs.jobdesc import service_shape, training_params
+from ppfs.jobdesc import description_sha256, service_shape, training_params
 from ppfs.step2a import Security, Step2AShape
 from ppfs.v1 import party_pb2 as pb
 from ppfs_gateway.auth import Principal
@@ -85,11 +84,6 @@ _SYMPTOMS = (
 
 def _is_symptom(error: str) -> bool:
     return any(s in error for s in _SYMPTOMS)
-
-
-def canonical(desc: pb.JobDescription) -> tuple[bytes, str]:
-    blob = desc.SerializeToString(deterministic=True)
-    return blob, hashlib.sha256(blob).hexdigest()
 
 
 def plan_job(
@@ -201,8 +195,7 @@ def plan_job(
                 seed=int(t.get("seed", 0)),
             )
         )
-    _, sha = canonical(desc)
-    return JobPlan(desc, sha, shape, columns, exps, classes)
+    return JobPlan(desc, description_sha256(desc), shape, columns, exps, classes)
 
 
 class JobCoordinator:
@@ -233,7 +226,7 @@ class JobCoordinator:
             plan = plan_job(self.registry, who, spec, identities, job_id)
         except ParameterError as exc:
             raise InvalidRequest(str(exc)) from None
-        blob, sha = canonical(plan.description)
+        blob, sha = plan.description.SerializeToString(deterministic=True), plan.sha256
         request = {
             "dataset_ids": list(spec.dataset_ids),
             "combination": spec.combination,
