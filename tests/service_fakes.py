@@ -27,14 +27,13 @@ from cryptography.hazmat.primitives import serialization
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 from ppfs_client.keys import ClientKeys
-from ppfs_client.result import seal_result
 from ppfs_client.sdk import GatewayClient, OwnerTable
 from ppfs_gateway.core.config import Settings
 from ppfs_gateway.main import create_app
 
+from ppfs.contract import JobContract, seal_result, service_shape
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.fixedpoint import FixedPoint
-from ppfs.jobdesc import service_shape, train_params
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs.sharing import ShareBundle, components_from_bundles, reconstruct
 from ppfs.step2a import mask_values, mirror
@@ -78,6 +77,7 @@ class FakeParty(pb_grpc.PartyServiceServicer):
         self.signing = SigningKey.generate()
         self.uploads: dict[str, tuple[Manifest, dict[str, ShareBundle]]] = {}
         self.jobs: dict[str, FakeJob] = {}
+        self.tombstones: set[str] = set()
         self.received_headers: list[pb.UploadPartHeader] = []
 
     async def GetIdentity(self, request: Any, context: Any) -> pb.PartyIdentity:
@@ -133,6 +133,8 @@ class FakeParty(pb_grpc.PartyServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "description hash differs")
         if request.job.job_id in self.jobs:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, "job exists")
+        if request.job.job_id in self.tombstones:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "cancelled before start")
         if self.cluster.refuse_start == self.index:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "refusing on purpose")
         job = FakeJob(
@@ -152,9 +154,9 @@ class FakeParty(pb_grpc.PartyServiceServicer):
 
     async def CancelJob(self, request: Any, context: Any) -> pb.CancelJobResponse:
         job = self.jobs.get(request.job_id)
-        if job is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no such job")
-        assert job is not None
+        if job is None:  # remembered: a later StartJob of this id is refused
+            self.tombstones.add(request.job_id)
+            return pb.CancelJobResponse(state=pb.JOB_STATE_CANCELLED, remembered=True)
         if job.status.state not in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED):
             self.set(request.job_id, state=pb.JOB_STATE_CANCELLED, phase="cancelled")
         return pb.CancelJobResponse(state=job.status.state)
@@ -297,14 +299,15 @@ class FakeCluster:
         if self.fail_party is not None:
             p = self.parties[self.fail_party]
             p.set(
-                job_id, state=pb.JOB_STATE_FAILED, phase="failed", error="engine exited with code 1"
+                job_id, state=pb.JOB_STATE_FAILED, phase="failed",
+                error="engine exited with code 1", failure=pb.FAILURE_KIND_OWN,
             )
             return
         desc = self.parties[0].jobs[job_id].desc
         p0 = self.parties[0]
         per_ds = []
-        for d in desc.dataset_ids:
-            ups = [u for u, (m, _) in p0.uploads.items() if m.dataset_id == d]
+        for d in desc.datasets:  # exactly the pinned uploads
+            ups = [u.upload_id for u in d.uploads]
             man = p0.uploads[ups[0]][0]
             data = self._matrix(ups, "data")
             labels = self._matrix(ups, "labels") if man.label_column else None
@@ -317,11 +320,11 @@ class FakeCluster:
             onehot = next(lab for _, _, lab in per_ds if lab is not None)
         n_classes = onehot.shape[1] + 1
         y = np.where(onehot.sum(axis=1) == 0, n_classes - 1, onehot.argmax(axis=1))
-        shape = service_shape(raw.shape[0], raw.shape[1], n_classes, desc.k, 32, train_params(desc))
+        train = JobContract.from_proto(desc).training
+        shape = service_shape(raw.shape[0], raw.shape[1], n_classes, desc.k, 32, train)
         ref = mirror(raw, y, shape)
         words = self._matrix([desc.mask_upload_id], "mask")
         parts = [ref.selected]  # a service job never opens D'
-        train = train_params(desc)
         if train is not None:
             from ppfs import step2b
 

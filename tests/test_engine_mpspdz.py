@@ -124,9 +124,9 @@ def test_party_input_file_is_components_in_program_order(
     shape = prep.inputs.shape
     for i in range(security.parties):
         out = tmp_path / f"in{i}"
-        write_party_input(security, shape, i, prep.inputs.party_dirs[i], out)
+        write_party_input(security, shape, i, prep.inputs.party_dirs[i], out, 12345 + i)
         words = np.fromfile(out, dtype="<u8")
-        expected = []
+        expected = [np.array([12345 + i], dtype=np.uint64)]  # the session tag comes first
         for fname in ("data.shr", "labels.shr", "mask.shr"):
             b = ShareBundle.load(prep.inputs.party_dirs[i] / fname)
             expected += [b.components[j].ravel() for j in party_input_order(security, i)]
@@ -266,8 +266,8 @@ def test_failing_party_is_named_and_all_stopped(
     real = mpspdz.write_party_input
 
     def short_input(security: Security, shape: Step2AShape, party: int, d: Path,
-                    out: Path) -> None:
-        real(security, shape, party, d, out)
+                    out: Path, session_tag: int = 0) -> None:
+        real(security, shape, party, d, out, session_tag)
         if party == 1:  # Bob's input file ends early
             with open(out, "r+b") as fh:
                 fh.truncate(os.path.getsize(out) // 2)

@@ -22,6 +22,7 @@ from ppfs_party.server import SERVICE_NAME, start_party_server
 from ppfs_party.testing import (
     Deployment,
     data_upload,
+    describe_job,
     fetch_opened,
     identities,
     mask_upload,
@@ -30,10 +31,10 @@ from ppfs_party.testing import (
     watch_to_end,
 )
 
+from ppfs.contract import service_shape
 from ppfs.engines.mpspdz import MpSpdzEngine
 from ppfs.engines.registry import mpspdz_home
 from ppfs.fixedpoint import FixedPoint
-from ppfs.jobdesc import service_shape
 from ppfs.step2a import Security, draw_mask_words, mirror, unmask_all
 from ppfs.synthetic import make_table
 from ppfs.table import LabelledTable
@@ -108,7 +109,6 @@ async def run_scenario(
                     rng=rng,
                 ),
             ]
-            comb = party_pb2.COMBINATION_HORIZONTAL
         else:
             cut = table.p // 2
             ups = [
@@ -134,7 +134,6 @@ async def run_scenario(
                     rng=rng,
                 ),
             ]
-            comb = party_pb2.COMBINATION_VERTICAL
         shape = service_shape(table.m, table.p, table.n_classes, k, fp.value_bits, None)
         words = draw_mask_words(shape.outputs, rng)
         ups.append(mask_upload(rec, box, words, dataset_id="mask-1", upload_id="up-mask", rng=rng))
@@ -146,30 +145,25 @@ async def run_scenario(
         assert info.upload_ids == ["up-a"] and info.rows > 0
 
         recipient_box = PrivateKey.generate()
-        desc = party_pb2.JobDescription(
-            job_id=f"job-{uuid.uuid4().hex[:8]}",
-            dataset_ids=["ds-a", "ds-b"],
-            combination=comb,
-            label_column=table.label_column,
-            k=k,
-            security=security.value,
-            engine=engine,
-            frac_bits=fp.frac_bits,
-            recipient_public_key=bytes(recipient_box.public_key),
-            mask_upload_id="up-mask",
-            peer_mpc_addresses=dep.peer_addresses(),
+        desc = describe_job(
+            f"job-{uuid.uuid4().hex[:8]}", [[ups[0]], [ups[1]]], mask=ups[2], k=k,
+            security=security.value, engine=engine, combination=combination,
+            recipient_public_key=bytes(recipient_box.public_key), peers=dep.peer_addresses(),
         )
+        assert desc.m == table.m and desc.p == table.p and desc.outputs == shape.outputs
         t0 = time.monotonic()
         started = [await s.StartJob(start_requests(desc)) for s in stubs]
-        assert len({r.program_sha256 for r in started}) == 1
+        # answered at once: compiling is the job's first phase, not part of StartJob
+        assert all(r.state == party_pb2.JOB_STATE_QUEUED for r in started)
         finals = await asyncio.gather(*(watch_to_end(s, desc.job_id) for s in stubs))
         elapsed = time.monotonic() - t0
         assert [f.state for f in finals] == [party_pb2.JOB_STATE_SUCCEEDED] * n, [
             f.error for f in finals
         ]
         assert all(
-            f.progress == 1.0 and f.program_sha256 == started[0].program_sha256 for f in finals
+            f.progress == 1.0 and f.program_sha256 == finals[0].program_sha256 for f in finals
         )
+        assert finals[0].program_sha256
         parts = await fetch_opened(stubs, ids, desc.job_id, recipient_box)
         assert all(np.array_equal(p, parts[0]) for p in parts)
         out = unmask_all(parts[0], words, shape)
@@ -288,11 +282,10 @@ def test_cancel_kills_the_engine_process(tmp_path: Path) -> None:
                                    dataset_id="m", upload_id="m1")
                 for u in (up, mask):
                     await stub.PutUploadPart(upload_messages(u, 0))
-                desc = party_pb2.JobDescription(
-                    job_id="j1", dataset_ids=["ds"], label_column=table.label_column, k=1,
-                    security="passive-3pc", engine="mpyc", frac_bits=16,
+                desc = describe_job(
+                    "j1", [[up]], mask=mask, k=1, security="passive-3pc", engine="mpyc",
                     recipient_public_key=bytes(PrivateKey.generate().public_key),
-                    mask_upload_id="m1", peer_mpc_addresses=dep.peer_addresses(),
+                    peers=dep.peer_addresses(),
                 )
                 await stub.StartJob(start_requests(desc))
                 pid_file = dep.settings[0].state_dir / "jobs" / "j1" / "engine" / "worker.pid"

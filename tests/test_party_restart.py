@@ -14,6 +14,7 @@ from nacl.public import PrivateKey
 from ppfs_party.testing import (
     Deployment,
     data_upload,
+    describe_job,
     fetch_opened,
     identities,
     mask_upload,
@@ -24,10 +25,10 @@ from ppfs_party.testing import (
 )
 from procs import processes_in
 
+from ppfs.contract import service_shape
 from ppfs.engines.mpspdz import MpSpdzEngine
 from ppfs.engines.registry import mpspdz_home
 from ppfs.fixedpoint import FixedPoint
-from ppfs.jobdesc import service_shape
 from ppfs.step2a import Security, Step2AShape, draw_mask_words, mirror, unmask_all
 from ppfs.synthetic import make_table
 from ppfs.table import LabelledTable
@@ -94,6 +95,7 @@ class Cluster:
                          label_column=table.label_column, classes=table.classes)
         for i, stub in enumerate(self.stubs):
             await stub.PutUploadPart(upload_messages(up, i))
+        self.data_up = up
         words = self.add_mask(box, shape, mask_id)
         return raw, words, shape
 
@@ -101,6 +103,7 @@ class Cluster:
         words = draw_mask_words(shape.outputs, np.random.default_rng())
         self._pending_mask = mask_upload(self.recipient, box, words, dataset_id=f"m-{mask_id}",
                                          upload_id=mask_id)
+        self.masks = {**getattr(self, "masks", {}), mask_id: self._pending_mask}
         return words
 
     async def send_mask(self) -> None:
@@ -109,11 +112,10 @@ class Cluster:
 
     def job(self, job_id: str, mask_id: str, security: Security, engine: str, k: int,
             recipient: PrivateKey) -> party_pb2.JobDescription:
-        return party_pb2.JobDescription(
-            job_id=job_id, dataset_ids=["ds"], label_column="label", k=k,
-            security=security.value, engine=engine, frac_bits=16,
-            recipient_public_key=bytes(recipient.public_key), mask_upload_id=mask_id,
-            peer_mpc_addresses=self.dep.peer_addresses(),
+        return describe_job(
+            job_id, [[self.data_up]], mask=self.masks[mask_id], k=k, security=security.value,
+            engine=engine, recipient_public_key=bytes(recipient.public_key),
+            peers=self.dep.peer_addresses(),
         )
 
     async def run_job(self, desc: party_pb2.JobDescription, raw: np.ndarray, y: np.ndarray,

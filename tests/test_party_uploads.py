@@ -19,7 +19,9 @@ from ppfs_party.testing import (
     Owner,
     SealedUpload,
     data_upload,
+    describe_job,
     identities,
+    mask_upload,
     start_requests,
     upload_messages,
 )
@@ -223,11 +225,13 @@ def test_uploads_survive_restart_and_leftovers_are_cleared(tmp_path: Path) -> No
 def test_job_refused_on_description_mismatch_and_bad_parameters(tmp_path: Path) -> None:
     async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
                        box: list[bytes]) -> None:
-        desc = party_pb2.JobDescription(
-            job_id="j1", dataset_ids=["ds"], label_column="y", k=1, security="passive-3pc",
-            engine="mpyc", frac_bits=16, recipient_public_key=bytes(
-                PrivateKey.generate().public_key),
-            mask_upload_id="m1", peer_mpc_addresses=dep.peer_addresses(),
+        never_sent = _upload(dep.owners["owner-a"], box, "u1")
+        mask = mask_upload(dep.owners["owner-a"], box, np.zeros((1, 2), dtype=np.uint64),
+                           dataset_id="m", upload_id="m1")
+        desc = describe_job(
+            "j1", [[never_sent]], mask=mask, k=1, security="passive-3pc", engine="mpyc",
+            recipient_public_key=bytes(PrivateKey.generate().public_key),
+            peers=dep.peer_addresses(),
         )
         req = start_requests(desc)
         req.job.k = 2  # the description changed after hashing
@@ -235,9 +239,10 @@ def test_job_refused_on_description_mismatch_and_bad_parameters(tmp_path: Path) 
             await stubs[0].StartJob(req)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "SHA-256" in (info.value.details() or "")
-        with pytest.raises(grpc.aio.AioRpcError) as info:  # no such dataset
+        with pytest.raises(grpc.aio.AioRpcError) as info:  # the pinned upload is not held
             await stubs[0].StartJob(start_requests(desc))
-        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "Alice does not hold upload 'u1' of data set 'ds'" in (info.value.details() or "")
         desc.engine = "mp-spdz"  # not offered by these parties
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stubs[0].StartJob(start_requests(desc))

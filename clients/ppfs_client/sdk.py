@@ -22,14 +22,20 @@ from typing import Any
 import httpx
 import numpy as np
 
+from ppfs.contract import (
+    Combination,
+    DatasetSchema,
+    open_result,
+    plan,
+    service_shape,
+    training_from_body,
+)
 from ppfs.errors import PpfsError, ShareFormatError
 from ppfs.fixedpoint import FixedPoint
-from ppfs.jobdesc import service_shape, training_params
 from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.step2a import draw_mask_words, unmask_all
 from ppfs.upload import Manifest, pack_bundles, seal, sign_manifest
 from ppfs_client.keys import ClientKeys
-from ppfs_client.result import open_result
 
 MASK_COLUMNS = ("mask_w0", "mask_w1")
 Progress = Callable[[int, int], None]  # (bytes sent, total)
@@ -309,15 +315,15 @@ class GatewayClient:
         """Submit a job; without ``mask_upload_id`` draw and upload fresh masks first."""
         if mask_upload_id is None:
             sets = [self.get_dataset(d) for d in dataset_ids]
-            if combination == "horizontal":
-                m, p = sum(int(d["rows"]) for d in sets), len(sets[0]["columns"])
-            else:
-                m, p = int(sets[0]["rows"]), sum(len(d["columns"]) for d in sets)
-            classes: list[str] = next((d["classes"] for d in sets if d["label_column"]), [])
-            fp = FixedPoint(frac_bits=int(sets[0].get("frac_bits", 16)))
-            shape = service_shape(
-                m, p, max(2, len(classes)), k, fp.value_bits, training_params(training)
+            planned = plan(
+                [DatasetSchema(d["id"], tuple(d["columns"]), tuple(d["column_exponents"]),
+                               d["label_column"], tuple(d["classes"]),
+                               int(d.get("frac_bits") or 16), int(d["rows"])) for d in sets],
+                Combination.parse(combination), label,
             )
+            fp = FixedPoint(frac_bits=planned.frac_bits)
+            shape = service_shape(planned.m, planned.p, len(planned.classes), k,
+                                  fp.value_bits, training_from_body(training))
             count = shape.outputs  # the selection (and the model); D' stays inside MPC
             mask_upload_id = self.create_masks(keys, count)
         body: dict[str, Any] = {
@@ -439,7 +445,7 @@ def open_selection(
     m, p, k, n_classes = job["m"], job["p"], job["k"], len(job["classes"])
     fp = FixedPoint(frac_bits=job["frac_bits"])
     exps = np.asarray(job["column_exponents"], dtype=np.int64)
-    params = training_params(job.get("training"))
+    params = training_from_body(job.get("training"))
     shape = service_shape(m, p, n_classes, k, fp.value_bits, params)
     if words.size != shape.outputs:
         raise ShareFormatError(f"this job opens {shape.outputs} words, got {words.size}")

@@ -41,3 +41,18 @@ class IntegrityError(EngineError):
 
     Raised before anything is revealed.
     """
+
+
+class PeerLostError(EngineError):
+    """An MPC run stopped because another party went away first (a symptom)."""
+
+
+class TimedOutError(EngineError):
+    """An MPC run exceeded its time limit."""
+
+
+class SessionMismatchError(EngineError):
+    """The engine's peers input another job's session tag: they run another job.
+
+    Raised before any data is input.
+    """

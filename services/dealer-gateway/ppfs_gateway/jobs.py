@@ -1,9 +1,14 @@
-"""Jobs: checked and planned into one canonical JobDescription, started on every
-party with the same description and its SHA-256, then watched.
+"""Jobs: checked and planned into one job contract (ppfs.contract.JobContract) that
+pins every input, started on every party with the same description and its SHA-256,
+then watched.
 
 A job moves queued -> running -> succeeded | failed | cancelled and never leaves a
 final state. It fails naming the party whose own state failed, that refused to
-start it, or that could not be reached for ``party_lost_seconds``.
+start it, or that could not be reached for ``party_lost_seconds``; who is blamed
+follows from the failure kind each party reports (ppfs.contract.FailureKind).
+
+Each job gets one MPC port per party from the party's advertised range, rotating, so
+consecutive jobs never share a port where a party offers more than one.
 """
 
 from __future__ import annotations
@@ -15,9 +20,20 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ppfs.contract import (
+    Combination,
+    DatasetSchema,
+    FailureKind,
+    JobContract,
+    JobState,
+    PinnedDataset,
+    PinnedUpload,
+    description_sha256,
+    plan,
+    training_from_body,
+)
+from ppfs.contract import IncompatibleDatasets as _Incompatible
 from ppfs.errors import ParameterError
-from ppfs.fixedpoint import FixedPoint
-from ppfs.jobdesc import description_sha256, service_shape, training_params
 from ppfs.step2a import Security, Step2AShape
 from ppfs.v1 import party_pb2 as pb
 from ppfs_gateway.auth import Principal
@@ -35,17 +51,6 @@ from ppfs_gateway.registry import FINAL_STATES, JobRecord, PartyJobState, Regist
 from ppfs_gateway.uploads import new_id, visible_dataset
 
 log = logging.getLogger("ppfs.gateway")
-
-STATE_NAMES = {
-    pb.JOB_STATE_UNSPECIFIED: "queued",
-    pb.JOB_STATE_QUEUED: "queued",
-    pb.JOB_STATE_RUNNING: "running",
-    pb.JOB_STATE_SUCCEEDED: "succeeded",
-    pb.JOB_STATE_FAILED: "failed",
-    pb.JOB_STATE_CANCELLED: "cancelled",
-}
-COMBINATIONS = {"horizontal": pb.COMBINATION_HORIZONTAL, "vertical": pb.COMBINATION_VERTICAL}
-
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -73,17 +78,18 @@ class JobPlan:
 # How long a "a peer went away" failure waits for its cause to show before the reporter
 # is named; well inside the 60 s in which a job must fail when a party dies.
 BLAME_SECONDS = 10.0
-# Engine failures that only say another party stopped first (MP-SPDZ, MPyC wording).
-_SYMPTOMS = (
-    "a peer stopped first",
-    "an MPC peer was lost",
-    "lost its connection to another party",
-    "a connection was closed",
-)
+# A cancel is sent until the party acknowledges it, at most this often.
+CANCEL_ATTEMPTS = 5
 
 
-def _is_symptom(error: str) -> bool:
-    return any(s in error for s in _SYMPTOMS)
+def _symptom(st: pb.JobStatus) -> bool:
+    kind = FailureKind.from_proto(st.failure)
+    return kind is not None and kind.symptom
+
+
+def mpc_port(ident: pb.PartyIdentity, sequence: int) -> int:
+    """The party's MPC port for the job with this sequence number (rotating)."""
+    return ident.mpc_port_base + sequence % max(1, ident.mpc_port_count)
 
 
 def plan_job(
@@ -92,6 +98,7 @@ def plan_job(
     spec: JobSpec,
     identities: list[pb.PartyIdentity],
     job_id: str,
+    sequence: int = 0,
 ) -> JobPlan:
     """Every check a job needs before anything is stored or sent (pure but for reads)."""
     try:
@@ -109,8 +116,7 @@ def plan_job(
     for ident in identities:
         if spec.engine not in ident.engines:
             raise InvalidRequest(f"{ident.name} does not offer the engine {spec.engine!r}")
-    if spec.combination not in COMBINATIONS:
-        raise InvalidRequest("combination must be 'horizontal' or 'vertical'")
+    combination = Combination.parse(spec.combination)
     if not spec.dataset_ids:
         raise InvalidRequest("name at least one data set")
     if len(set(spec.dataset_ids)) != len(spec.dataset_ids):
@@ -118,84 +124,46 @@ def plan_job(
     if len(spec.recipient_public_key) != 32:
         raise InvalidRequest("recipient_public_key must be a 32-byte X25519 public key")
     datasets = [visible_dataset(registry, d, who) for d in spec.dataset_ids]
+    schemas = []
+    pinned = []
     for ds in datasets:
         if ds.kind != "data":
             raise NotFound(f"no data set {ds.id!r}")
         if ds.schema is None:
             raise Conflict(f"data set {ds.id!r} has no upload yet")
-    schemas = [ds.schema for ds in datasets if ds.schema is not None]
-    if len({s.frac_bits for s in schemas}) != 1:
-        raise IncompatibleSchemas("the data sets were encoded with different fractional bits")
-    if not spec.label_column:
-        raise InvalidRequest("give the label column")
-    if spec.combination == "horizontal":
-        first = schemas[0]
-        for ds, s in zip(datasets[1:], schemas[1:], strict=True):
-            if (s.columns, s.column_exponents, s.label_column, s.classes) != (
-                first.columns,
-                first.column_exponents,
-                first.label_column,
-                first.classes,
-            ):
-                raise IncompatibleSchemas(
-                    f"data set {ds.id!r} differs from {datasets[0].id!r} in columns, exponents, "
-                    "label or classes; horizontal combination needs the same schema"
-                )
-        if first.label_column != spec.label_column:
-            raise InvalidRequest(f"the data sets have no label column {spec.label_column!r}")
-        m = sum(ds.rows for ds in datasets)
-        columns, exps, classes = first.columns, first.column_exponents, first.classes
-    else:
-        if len({ds.rows for ds in datasets}) != 1:
-            raise IncompatibleSchemas("vertical combination needs the same number of rows")
-        columns = tuple(c for s in schemas for c in s.columns)
-        exps = tuple(e for s in schemas for e in s.column_exponents)
-        if len(set(columns)) != len(columns):
-            raise IncompatibleSchemas("vertical combination needs distinct column names")
-        labelled = [s for s in schemas if s.label_column]
-        if len(labelled) != 1 or labelled[0].label_column != spec.label_column:
-            raise InvalidRequest(
-                f"exactly one data set must hold the label column {spec.label_column!r}"
-            )
-        classes = labelled[0].classes
-        m = datasets[0].rows
-    fp = FixedPoint(frac_bits=schemas[0].frac_bits)
-    train = training_params(spec.training)
-    # ParameterError on a bad shape; D' is never opened in service mode
-    shape = service_shape(m, len(columns), len(classes), spec.k, fp.value_bits, train)
+        s = ds.schema
+        schemas.append(DatasetSchema(ds.id, s.columns, s.column_exponents, s.label_column,
+                                     s.classes, s.frac_bits, ds.rows))
+        pinned.append(PinnedDataset(ds.id, tuple(
+            PinnedUpload(u, digest, rows) for u, digest, rows in registry.upload_pins(ds.id))))
+    try:
+        planned = plan(schemas, combination, spec.label_column)
+    except _Incompatible as exc:
+        raise IncompatibleSchemas(str(exc)) from None
+    except ParameterError as exc:
+        raise InvalidRequest(str(exc)) from None
     found = registry.find_upload(spec.mask_upload_id)
     mask = registry.get_dataset(found[0]) if found else None
     if found is None or mask is None or mask.kind != "mask" or mask.owner_id != who.subject:
         raise NotFound(f"no mask upload {spec.mask_upload_id!r} of yours")
+    # ParameterError on a bad shape or parameters; D' is never opened in service mode
+    job = JobContract(
+        job_id=job_id, datasets=tuple(pinned), combination=combination,
+        label_column=spec.label_column, k=spec.k, security=security, engine=spec.engine,
+        frac_bits=planned.frac_bits, recipient_public_key=spec.recipient_public_key,
+        mask_upload_id=spec.mask_upload_id, m=planned.m, p=planned.p,
+        classes=len(planned.classes), training=training_from_body(spec.training),
+        peer_mpc_addresses=tuple(f"{i.mpc_host}:{mpc_port(i, sequence)}" for i in identities),
+    )
+    shape = job.shape
     if found[2] != shape.outputs:
         raise InvalidRequest(
             f"the mask upload holds {found[2]} mask words; this job opens {shape.outputs} "
-            f"(k = {shape.k} selected indices{' and the model' if train else ''})"
+            f"(k = {shape.k} selected indices{' and the model' if job.training else ''})"
         )
-    desc = pb.JobDescription(
-        job_id=job_id,
-        dataset_ids=list(spec.dataset_ids),
-        combination=COMBINATIONS[spec.combination],
-        label_column=spec.label_column,
-        k=spec.k,
-        security=security.value,
-        engine=spec.engine,
-        frac_bits=fp.frac_bits,
-        recipient_public_key=spec.recipient_public_key,
-        mask_upload_id=spec.mask_upload_id,
-        peer_mpc_addresses=[f"{i.mpc_host}:{i.mpc_port_base}" for i in identities],
-    )
-    if spec.training is not None:
-        t = spec.training
-        desc.training.CopyFrom(
-            pb.TrainingParameters(
-                epochs=int(t["epochs"]),
-                batch_size=int(t["batch_size"]),
-                learning_rate=float(t["learning_rate"]),
-                seed=int(t.get("seed", 0)),
-            )
-        )
-    return JobPlan(desc, description_sha256(desc), shape, columns, exps, classes)
+    desc = job.to_proto()
+    return JobPlan(desc, description_sha256(desc), shape, planned.columns,
+                   planned.column_exponents, planned.classes)
 
 
 class JobCoordinator:
@@ -223,7 +191,8 @@ class JobCoordinator:
         identities = await self.parties.identities()
         job_id = new_id()
         try:
-            plan = plan_job(self.registry, who, spec, identities, job_id)
+            plan = plan_job(self.registry, who, spec, identities, job_id,
+                            sequence=self.registry.count_jobs())
         except ParameterError as exc:
             raise InvalidRequest(str(exc)) from None
         blob, sha = plan.description.SerializeToString(deterministic=True), plan.sha256
@@ -288,10 +257,17 @@ class JobCoordinator:
         job_id = job.id
         desc = pb.JobDescription.FromString(job.description)
         req = pb.StartJobRequest(job=desc, description_sha256=job.description_sha256)
-        try:
-            await asyncio.gather(*(self._start(c, req, resume) for c in self.parties.clients))
-        except GatewayError as exc:
-            await self._fail(job_id, f"could not start: {exc}")
+        # every party's answer is awaited before anything else happens to the job: a
+        # refusal at one party then cancels the others only once they know the job
+        answers = await asyncio.gather(
+            *(self._start(c, req, resume) for c in self.parties.clients), return_exceptions=True
+        )
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        for err in errors:
+            if not isinstance(err, GatewayError):
+                raise err
+        if errors:
+            await self._fail(job_id, f"could not start: {errors[0]}")
             return
         if self.registry.set_job_state(job_id, "running"):
             self._notify(job_id)
@@ -355,7 +331,7 @@ class JobCoordinator:
         return job is None or job.state in FINAL_STATES
 
     async def _apply(self, job_id: str, c: PartyClient, st: pb.JobStatus) -> None:
-        state = STATE_NAMES.get(st.state, "queued")
+        state = JobState.from_proto(st.state).value
         before = self.registry.get_job(job_id)
         if before is None:
             return
@@ -377,7 +353,7 @@ class JobCoordinator:
             return
         if state == "failed":
             reason = f"{c.name} failed: {st.error[:300] or 'no reason given'}"
-            if _is_symptom(st.error):
+            if _symptom(st):
                 reason = await self._blame(job_id, c, reason)
             await self._fail(job_id, reason)
         elif state == "cancelled":
@@ -408,7 +384,7 @@ class JobCoordinator:
                     return f"{other.name} does not know the job"
                 except GatewayError:
                     return f"lost the connection to {other.name}"
-                if st.state == pb.JOB_STATE_FAILED and not _is_symptom(st.error):
+                if st.state == pb.JOB_STATE_FAILED and not _symptom(st):
                     return f"{other.name} failed: {st.error[:300] or 'no reason given'}"
             if time.monotonic() >= deadline or self._final(job_id):
                 return reason
@@ -421,9 +397,22 @@ class JobCoordinator:
             await self._cancel_everywhere(job_id)
 
     async def _cancel_everywhere(self, job_id: str) -> None:
-        await asyncio.gather(
-            *(c.cancel_job(job_id) for c in self.parties.clients), return_exceptions=True
-        )
+        await asyncio.gather(*(self._cancel_at(c, job_id) for c in self.parties.clients))
+
+    async def _cancel_at(self, c: PartyClient, job_id: str) -> None:
+        """Send the cancel until the party acknowledges it (a party that does not know
+        the job yet remembers it), a bounded number of times."""
+        for attempt in range(CANCEL_ATTEMPTS):
+            try:
+                await c.cancel_job(job_id)
+                return
+            except GatewayError as exc:
+                log.warning(
+                    "[Gateway.CancelJob] job=%s party=%s attempt=%d: %s",
+                    job_id, c.name, attempt + 1, type(exc).__name__,
+                )
+            await asyncio.sleep(min(4.0, 0.5 * 2**attempt))
+        log.error("[Gateway.CancelJob] job=%s party=%s never acknowledged", job_id, c.name)
 
     async def cancel(self, who: Principal, job_id: str) -> JobRecord:
         job = self.visible(who, job_id)

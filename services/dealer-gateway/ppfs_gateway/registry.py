@@ -248,6 +248,20 @@ class Registry:
             ).fetchone()
             return None if row is None else (row[0], row[1], int(row[2]))
 
+    def upload_pins(self, dataset_id: str) -> list[tuple[str, str, int]]:
+        """(upload id, manifest SHA-256, rows) of every upload of a data set, in order."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, manifest_sha256, rows FROM uploads WHERE dataset_id = ?"
+                " ORDER BY created_at, id",
+                (dataset_id,),
+            ).fetchall()
+            return [(r[0], r[1], int(r[2])) for r in rows]
+
+    def count_jobs(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
+
     def grant(self, dataset_id: str, subject: str) -> None:
         with self._tx() as db:
             db.execute(

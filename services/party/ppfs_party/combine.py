@@ -3,12 +3,16 @@
 Additive shares combine element-wise, so joining the components of several uploads
 gives valid shares of the joined matrix without any interaction:
 
-- uploads of one dataset (several owners' rows under one schema) are stacked by rows;
-- across the job's datasets, HORIZONTAL stacks rows (same columns, every part
+- the uploads of one data set (several owners' rows under one schema) are stacked by
+  rows, in the order the job pins them;
+- across the job's data sets, HORIZONTAL stacks rows (same columns, every part
   labelled) and VERTICAL joins columns (same rows in the same order, exactly one
-  dataset carries the label).
+  data set carries the label).
 
-The order is the job's dataset order, then upload id: the same on every party.
+A job runs on exactly the uploads its description pins (:func:`pinned_uploads`):
+every named upload must be held here with the named manifest SHA-256 and row count,
+no other upload of a named data set may be held, and the plan of the held manifests
+(:func:`ppfs.contract.plan`) must give the job's m, p and classes.
 """
 
 from __future__ import annotations
@@ -18,12 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ppfs.contract import DatasetSchema, JobContract, plan
 from ppfs.errors import ParameterError
-from ppfs.fixedpoint import FixedPoint
-from ppfs.jobdesc import service_shape
 from ppfs.sharing import Scheme, ShareBundle
-from ppfs.step2a import Security, Step2AShape
-from ppfs.step2b import TrainParams
+from ppfs.step2a import Step2AShape
 from ppfs.upload import Manifest
 from ppfs_party.store import ShareStore, StoredUpload
 
@@ -71,50 +73,85 @@ def _dataset_part(uploads: list[StoredUpload], scheme: Scheme) -> _Part:
     )
 
 
-def assemble(
-    store: ShareStore, *, job_id: str, dataset_ids: list[str], horizontal: bool,
-    label_column: str, mask_upload_id: str, k: int, security: Security, frac_bits: int,
-    party: int, out_dir: Path, train: TrainParams | None = None,
-) -> JobInputs:
+class PinnedInputsError(ParameterError):
+    """The uploads this party holds differ from those the job pins."""
+
+
+def pinned_uploads(store: ShareStore, job: JobContract, party_name: str
+                   ) -> list[list[StoredUpload]]:
+    """The job's uploads as held here, per data set in the job's order; PinnedInputsError
+    naming every difference between what the job pins and what this party holds."""
+    problems: list[str] = []
+    found: list[list[StoredUpload]] = []
+    for ds in job.datasets:
+        held = {u.manifest.upload_id: u for u in store.held_uploads(ds.dataset_id)}
+        named = {u.upload_id for u in ds.uploads}
+        ups = []
+        for pin in ds.uploads:
+            u = held.get(pin.upload_id)
+            if u is None:
+                problems.append(f"{party_name} does not hold upload {pin.upload_id!r} "
+                                f"of data set {ds.dataset_id!r}")
+            elif u.manifest.digest() != pin.manifest_sha256:
+                problems.append(f"{party_name}'s upload {pin.upload_id!r} has another "
+                                "manifest than the job names")
+            elif u.manifest.rows != pin.rows:
+                problems.append(f"{party_name}'s upload {pin.upload_id!r} has "
+                                f"{u.manifest.rows} rows, the job says {pin.rows}")
+            else:
+                ups.append(u)
+        for extra in sorted(set(held) - named):
+            problems.append(f"{party_name} holds upload {extra!r} of data set "
+                            f"{ds.dataset_id!r} not named by the job")
+        found.append(ups)
+    if problems:
+        raise PinnedInputsError("; ".join(problems)[:480])
+    schemas = []
+    for ds, ups in zip(job.datasets, found, strict=True):
+        m = ups[0].manifest
+        if any((u.manifest.columns, u.manifest.column_exponents, u.manifest.label_column,
+                u.manifest.classes) != (m.columns, m.column_exponents, m.label_column,
+                                        m.classes) for u in ups):
+            raise PinnedInputsError(f"the uploads of data set {ds.dataset_id!r} differ in schema")
+        schemas.append(DatasetSchema(ds.dataset_id, m.columns, m.column_exponents,
+                                     m.label_column, m.classes, m.frac_bits,
+                                     sum(u.manifest.rows for u in ups)))
+    got = plan(schemas, job.combination, job.label_column)
+    if (got.m, got.p, len(got.classes), got.frac_bits) != (job.m, job.p, job.classes,
+                                                           job.frac_bits):
+        raise PinnedInputsError(
+            f"{party_name}'s uploads give m={got.m}, p={got.p}, {len(got.classes)} classes, "
+            f"{got.frac_bits} fractional bits; the job says m={job.m}, p={job.p}, "
+            f"{job.classes} classes, {job.frac_bits}"
+        )
+    return found
+
+
+def assemble(store: ShareStore, job: JobContract, party: int, party_name: str,
+             out_dir: Path) -> JobInputs:
     """Write this party's data.shr, labels.shr and mask.shr for the job to ``out_dir``."""
+    security = job.security
     scheme = security.scheme
-    if not dataset_ids:
-        raise ParameterError("the job names no dataset")
-    parts = [_dataset_part(store.dataset_uploads(d), scheme) for d in dataset_ids]
-    if len(parts) == 1 or horizontal:
+    parts = [_dataset_part(ups, scheme) for ups in pinned_uploads(store, job, party_name)]
+    if len(parts) == 1 or job.combination.value == "horizontal":
         first = parts[0]
-        if any((p.columns, p.exponents) != (first.columns, first.exponents) for p in parts):
-            raise ParameterError("horizontal combination needs the same columns and scales")
         if any(p.labels is None for p in parts):
             raise ParameterError("horizontal combination needs the label in every dataset")
         data = _stack([p.data for p in parts], 0)
         labels = _stack([p.labels for p in parts if p.labels is not None], 0)
         columns, exponents = first.columns, first.exponents
-        labelled = parts
     else:
-        if len({p.rows for p in parts}) != 1:
-            raise ParameterError("vertical combination needs the same number of rows")
-        columns = tuple(c for p in parts for c in p.columns)
-        if len(set(columns)) != len(columns):
-            raise ParameterError("vertical combination needs distinct column names")
         labelled = [p for p in parts if p.labels is not None]
         if len(labelled) != 1 or labelled[0].labels is None:
             raise ParameterError("vertical combination needs the label in exactly one dataset")
         data = _stack([p.data for p in parts], 1)
         labels = labelled[0].labels
+        columns = tuple(c for p in parts for c in p.columns)
         exponents = tuple(e for p in parts for e in p.exponents)
-    schema = labelled[0].manifest
-    if any(p.manifest.classes != schema.classes for p in labelled):
-        raise ParameterError("the datasets' label classes differ")
-    if label_column and schema.label_column != label_column:
-        raise ParameterError(f"the label column is {schema.label_column!r}, not {label_column!r}")
-    if any(p.manifest.frac_bits != frac_bits for p in parts):
-        raise ParameterError("the job's fractional bits differ from the datasets'")
-
-    m, p = next(iter(data.values())).shape
-    fp = FixedPoint(frac_bits=frac_bits)
-    shape = service_shape(int(m), int(p), len(schema.classes), k, fp.value_bits, train)
-    mask_upload = store.upload(mask_upload_id)
+    shape = job.shape
+    if next(iter(data.values())).shape != (shape.m, shape.p):
+        raise ParameterError("the assembled data does not have the job's shape")
+    mask_upload = store.upload(job.mask_upload_id)
     if mask_upload.kinds != frozenset({"mask"}):
         raise ParameterError("the mask upload holds no mask words")
     mask = mask_upload.bundle("mask")
@@ -123,8 +160,8 @@ def assemble(
             f"the mask upload must hold {shape.outputs} mask words for {security.value}"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
-    for kind, comps, frac in (("data", data, frac_bits), ("labels", labels, 0),
+    for kind, comps, frac in (("data", data, job.frac_bits), ("labels", labels, 0),
                               ("mask", mask.components, 0)):
-        ShareBundle(scheme, party, job_id, kind, next(iter(comps.values())).shape, frac,
+        ShareBundle(scheme, party, job.job_id, kind, next(iter(comps.values())).shape, frac,
                     dict(comps)).save(out_dir / f"{kind}.shr")
     return JobInputs(shape, columns, exponents)

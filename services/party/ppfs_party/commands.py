@@ -40,7 +40,9 @@ def add_commands(subparsers: Any) -> None:
     serve.add_argument("--mpc-host", default="127.0.0.1",
                        help="where peers reach this party's engine")
     serve.add_argument("--mpc-port", type=int, default=14000,
-                       help="this party's engine port (one run at a time)")
+                       help="this party's first engine port")
+    serve.add_argument("--mpc-port-count", type=int, default=1,
+                       help="engine ports --mpc-port .. +count-1; jobs rotate over them")
     serve.add_argument("--mpc-bind-host", default=None,
                        help="engine listens on this address only (default: every interface)")
     serve.add_argument("--engine", action="append", choices=["mp-spdz", "mpyc"], default=None,
@@ -96,6 +98,7 @@ def _settings(args: argparse.Namespace) -> PartySettings:
     if getattr(args, "listen", None) is not None:
         kwargs.update(
             listen=args.listen, mpc_host=args.mpc_host, mpc_port_base=args.mpc_port,
+            mpc_port_count=args.mpc_port_count,
             mpc_bind_host=args.mpc_bind_host, max_upload_bytes=args.max_upload_bytes,
             job_timeout=args.job_timeout, port_file=args.port_file,
             mpspdz_cache=args.mpspdz_cache,

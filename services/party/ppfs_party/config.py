@@ -20,7 +20,8 @@ class PartySettings:
     listen: str = "127.0.0.1:0"  # control plane (gRPC, mutual TLS); port 0 in tests
     tls_name: str | None = None  # control-plane certificate name; default the party's name
     mpc_host: str = "127.0.0.1"  # where peers reach this party's engine (GetIdentity)
-    mpc_port_base: int = 14000  # this party's engine port (one run at a time)
+    mpc_port_base: int = 14000  # this party's first engine port
+    mpc_port_count: int = 1  # engine ports base..base+count-1; the gateway rotates jobs over them
     mpc_bind_host: str | None = None  # engine listens here only (None: every interface)
     engines: tuple[str, ...] = ("mp-spdz", "mpyc")  # offered when usable here
     mpspdz_home: Path | None = None  # default: $MPSPDZ_HOME, else /opt/mp-spdz
@@ -33,6 +34,8 @@ class PartySettings:
     def __post_init__(self) -> None:
         if not 0 <= self.index < len(PARTY_NAMES):
             raise ParameterError(f"party index must be 0..{len(PARTY_NAMES) - 1}")
+        if not 1 <= self.mpc_port_count <= 1000 or self.mpc_port_base + self.mpc_port_count > 65536:
+            raise ParameterError("mpc_port_count must be 1..1000 and the range end below 65536")
         if self.max_upload_bytes < 1:
             raise ParameterError("max_upload_bytes must be positive")
 

@@ -1,15 +1,29 @@
-"""Jobs on one party: validation, input assembly, one engine run at a time, records.
+"""Jobs on one party: the cheap checks, then input assembly, compiling and one engine
+run at a time, with durable records.
 
-A job moves queued -> running -> succeeded | failed | cancelled. Its record is a
-JSON file ``<state>/jobs/<job_id>.json`` written atomically at every change; on
-start a job found queued or running is marked failed ("party restarted"), never
-lost. Each job has a working directory ``<state>/jobs/<job_id>/`` with its
-inputs (this party's share components, assembled locally) and the engine's
-directory; the opened masked words are kept in ``opened.u64`` until fetched.
+A job moves queued -> running -> succeeded | failed | cancelled (ppfs.contract.JobState).
+StartJob only checks: the description's hash, the contract (ppfs.contract.JobContract),
+this party's part in it (engine, index, its assigned MPC port) and the pinned uploads
+(ppfs_party.combine.pinned_uploads); it then records the job (queued, durably) and
+answers at once. Assembling the inputs and compiling the program are the job's first
+phases, reported as progress; a compile that finishes after the job was cancelled still
+lands in the engine's cache for the next job of the same program.
 
-Queueing: one engine run at a time per party, in the order jobs were started. The
-party's engine listens on its one MPC port (``mpc_port_base``), so runs cannot
-overlap; the gateway starts jobs on every party in the same order.
+Its record is a JSON file ``<state>/jobs/<job_id>.json`` written atomically at every
+change; on start a job found queued or running is marked failed (kind "restarted"),
+never lost. A cancel for a job this party does not know yet leaves a record in state
+cancelled (a tombstone): a later StartJob with that id is refused. Each job has a
+working directory ``<state>/jobs/<job_id>/`` with its inputs (this party's share
+components, assembled locally) and the engine's directory; the opened masked words
+are kept in ``opened.u64`` until fetched.
+
+Sessions: each job runs on the MPC port the gateway assigned it from this party's
+range, and the engine parties compare a tag derived from the job id and description
+hash before any data is input (ppfs.contract.session_tag): a run completes only
+together with peers running the same job.
+
+Every accepted or refused StartJob, every cancel request and every end of a job is
+written to the audit log.
 """
 
 from __future__ import annotations
@@ -25,25 +39,31 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ppfs.contract import FailureKind, JobContract, JobState, description_sha256, failure_kind
+from ppfs.contract import seal_result as seal_result_part
 from ppfs.durable import write_durable
 from ppfs.engines.base import Engine, PartyRunResult, PartyRunSpec, PartyTls
 from ppfs.errors import EngineUnavailableError, ParameterError, PpfsError
-from ppfs.jobdesc import description_sha256, train_params
-from ppfs.step2a import Security
-from ppfs.upload import seal
+from ppfs.step2a import Security, Step2AShape
 from ppfs.v1 import party_pb2
 from ppfs_party.audit import AuditLog
-from ppfs_party.combine import assemble
+from ppfs_party.combine import assemble, pinned_uploads
 from ppfs_party.config import PartySettings
-from ppfs_party.errors import DescriptionMismatchError, JobConflictError, NotFoundError
+from ppfs_party.errors import (
+    DescriptionMismatchError,
+    JobConflictError,
+    NotFoundError,
+    to_status,
+)
 from ppfs_party.keys import PartyKeys, fingerprint
 from ppfs_party.store import ShareStore, check_id
 
 log = logging.getLogger("ppfs.party")
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
-    "queued", "running", "succeeded", "failed", "cancelled")
-FINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+    JobState.QUEUED.value, JobState.RUNNING.value, JobState.SUCCEEDED.value,
+    JobState.FAILED.value, JobState.CANCELLED.value)
+FINAL = frozenset(s.value for s in JobState if s.final)
 
 # Fixed engine progress messages -> fraction done (messages never carry data).
 _PROGRESS = (
@@ -71,12 +91,19 @@ class JobRecord:
     bytes_sent: int = 0
     shape: dict[str, int] = field(default_factory=dict)
     mask_upload_id: str = ""
+    failure: str = ""  # ppfs.contract.FailureKind value when failed or cancelled
+    mpc_port: int = 0
     created_at: str = ""
     updated_at: str = ""
 
     @property
     def final(self) -> bool:
         return self.state in FINAL
+
+    @property
+    def tombstone(self) -> bool:
+        """Cancelled before its StartJob arrived: the id may not be started any more."""
+        return not self.description_hex
 
     def description(self) -> party_pb2.JobDescription:
         return party_pb2.JobDescription.FromString(bytes.fromhex(self.description_hex))
@@ -110,6 +137,8 @@ class JobRunner:
         self._version: dict[str, int] = {}
         self._slot = asyncio.Semaphore(1)  # one engine run at a time
         self._start_lock = asyncio.Lock()
+        # compiles go on when their job is cancelled: the program is cached for the next
+        self._compiles: set[asyncio.Task[str]] = set()
 
     # -------------------------------------------------------------- records
     def open(self) -> None:
@@ -125,6 +154,7 @@ class JobRunner:
                 continue
             if not rec.final:
                 rec.state, rec.phase, rec.error = FAILED, "failed", "party restarted"
+                rec.failure = FailureKind.RESTARTED.value
                 self._save(rec)
                 self.audit.record("job.failed", job_id=rec.job_id, reason=rec.error)
                 self._remove_inputs(rec.job_id)
@@ -170,92 +200,117 @@ class JobRunner:
 
     # -------------------------------------------------------------- start
     async def start(self, desc: party_pb2.JobDescription, sha256: str) -> JobRecord:
+        """Check, record (queued) and schedule the job; refusals are audited."""
+        try:
+            async with self._start_lock:
+                rec, job, engine = self._accept(desc, sha256)
+                # no await between recording the job and scheduling it: a cancel that
+                # arrives now finds the task
+                self._tasks[rec.job_id] = asyncio.create_task(self._run(rec, job, engine))
+        except Exception as exc:
+            self.audit.record(
+                "job.refused", job_id=desc.job_id[:128], description_sha256=sha256[:64],
+                reason=to_status(exc)[1],
+            )
+            raise
+        self.audit.record(
+            "job.accepted", job_id=job.job_id, engine=job.engine, security=job.security.value,
+            datasets={d.dataset_id: [u.upload_id for u in d.uploads] for d in job.datasets},
+            combination=job.combination.value, mask_upload_id=job.mask_upload_id,
+            label_column=job.label_column, k=job.k, frac_bits=job.frac_bits,
+            shape=rec.shape, description_sha256=sha256, mpc_port=rec.mpc_port,
+            recipient_key=fingerprint(job.recipient_public_key),
+            peers=list(job.peer_mpc_addresses),
+        )
+        log.info("[Party.StartJob] job=%s queued", job.job_id)
+        return rec
+
+    def _accept(self, desc: party_pb2.JobDescription, sha256: str
+                ) -> tuple[JobRecord, JobContract, Engine]:
+        """The cheap checks; records the job as queued. Raises when it is refused."""
         if description_sha256(desc) != sha256:
             raise DescriptionMismatchError(
                 "the job description does not match its SHA-256: parties would run different jobs"
             )
         job_id = check_id(desc.job_id, "job id")
-        try:
-            security = Security(desc.security)
-        except ValueError:
-            raise ParameterError(f"unknown security setting {desc.security!r}") from None
-        engine = self.engines.get(desc.engine)
+        known = self._records.get(job_id)
+        if known is not None:
+            if known.tombstone:
+                raise JobConflictError(f"job {job_id!r} was cancelled before it reached "
+                                       f"{self.settings.name}")
+            raise JobConflictError(f"job {job_id!r} exists already on this party")
+        job = JobContract.from_proto(desc)  # ParameterError when incomplete or inconsistent
+        security = job.security
+        engine = self.engines.get(job.engine)
         if engine is None or not engine.supports(security):
             raise EngineUnavailableError(
-                f"this party does not offer {desc.security} on engine {desc.engine!r}"
+                f"this party does not offer {security.value} on engine {job.engine!r}"
             )
         index = self.settings.index
         if index >= security.parties:
             raise ParameterError(f"{self.settings.name} takes no part in {security.value}")
-        train = train_params(desc)  # ParameterError when out of range
-        if len(desc.peer_mpc_addresses) != security.parties:
+        if len(job.peer_mpc_addresses) != security.parties:
             raise ParameterError(f"{security.value} needs one MPC address per party")
-        peers = tuple(parse_address(a) for a in desc.peer_mpc_addresses)
-        if peers[index][1] != self.settings.mpc_port_base:
+        peers = tuple(parse_address(a) for a in job.peer_mpc_addresses)
+        port = peers[index][1]
+        base, count = self.settings.mpc_port_base, self.settings.mpc_port_count
+        if not base <= port < base + count:
             raise ParameterError(
-                f"{self.settings.name}'s MPC port is {self.settings.mpc_port_base}"
+                f"{self.settings.name}'s MPC ports are {base}..{base + count - 1}, not {port}"
             )
-        if len(desc.recipient_public_key) != 32:
-            raise ParameterError("the recipient's public key must be a 32-byte X25519 key")
-        combination = desc.combination
-        if len(desc.dataset_ids) > 1 and combination == party_pb2.COMBINATION_UNSPECIFIED:
-            raise ParameterError("several datasets need a combination (horizontal or vertical)")
-        async with self._start_lock:
-            if job_id in self._records:
-                raise JobConflictError(f"job {job_id!r} exists already on this party")
-            # Two openings under one mask would reveal the difference of two results.
-            if any(r.mask_upload_id == desc.mask_upload_id for r in self._records.values()):
-                raise JobConflictError("the mask upload was used by another job: upload new masks")
-            job_dir = self.jobs_dir / job_id
-            inputs = await asyncio.to_thread(
-                assemble, self.store, job_id=job_id, dataset_ids=list(desc.dataset_ids),
-                horizontal=combination != party_pb2.COMBINATION_VERTICAL,
-                label_column=desc.label_column, mask_upload_id=desc.mask_upload_id,
-                k=desc.k, security=security, frac_bits=desc.frac_bits or 16, party=index,
-                out_dir=job_dir / "inputs", train=train,
-            )
-            try:
-                digest = await engine.prepare(inputs.shape, security)
-            except BaseException:
-                shutil.rmtree(job_dir, ignore_errors=True)
-                raise
-            shape = inputs.shape
-            rec = JobRecord(
-                job_id=job_id, description_hex=desc.SerializeToString(deterministic=True).hex(),
-                description_sha256=sha256, engine=desc.engine, security=security.value,
-                program_sha256=digest, created_at=_now(), mask_upload_id=desc.mask_upload_id,
-                shape={"m": shape.m, "p": shape.p, "n_classes": shape.n_classes, "k": shape.k,
-                       "value_bits": shape.value_bits},
-            )
-            self._records[job_id] = rec
-            self._save(rec)
-        self.audit.record(
-            "job.accepted", job_id=job_id, engine=desc.engine, security=security.value,
-            datasets=list(desc.dataset_ids), combination=party_pb2.Combination.Name(combination),
-            mask_upload_id=desc.mask_upload_id, label_column=desc.label_column,
-            k=desc.k, frac_bits=desc.frac_bits, shape=rec.shape, program_sha256=digest,
-            description_sha256=sha256,
-            recipient_key=fingerprint(desc.recipient_public_key),
-            peers=list(desc.peer_mpc_addresses),
+        pinned_uploads(self.store, job, self.settings.name)  # names every difference
+        mask = self.store.upload(job.mask_upload_id)
+        if mask.kinds != frozenset({"mask"}):
+            raise ParameterError("the mask upload holds no mask words")
+        # Two openings under one mask would reveal the difference of two results.
+        if any(r.mask_upload_id == job.mask_upload_id for r in self._records.values()):
+            raise JobConflictError("the mask upload was used by another job: upload new masks")
+        shape = job.shape
+        rec = JobRecord(
+            job_id=job_id, description_hex=desc.SerializeToString(deterministic=True).hex(),
+            description_sha256=sha256, engine=job.engine, security=security.value,
+            created_at=_now(), mask_upload_id=job.mask_upload_id, mpc_port=port,
+            shape={"m": shape.m, "p": shape.p, "n_classes": shape.n_classes, "k": shape.k,
+                   "value_bits": shape.value_bits},
         )
-        spec = PartyRunSpec(
-            security=security, shape=shape, party=index, input_dir=job_dir / "inputs",
-            workdir=job_dir / "engine", peers=peers,
-            tls=PartyTls(self.keys.mpc_key(desc.engine), self.keys.mpc_cert(desc.engine),
-                         self.keys.ca_path),
-            program_hash=digest, timeout=self.settings.job_timeout,
-            bind_host=self.settings.mpc_bind_host,
-        )
-        self._tasks[job_id] = asyncio.create_task(self._run(rec, engine, spec))
-        return rec
+        self._records[job_id] = rec
+        self._save(rec)
+        return rec, job, engine
+
+    async def _compile(self, engine: Engine, shape: Step2AShape, security: Security) -> str:
+        """The program's hash, compiling it if needed. Cancelling the caller does not stop
+        the compile: its program is kept in the cache for the next job of this shape."""
+        task = asyncio.create_task(engine.prepare(shape, security))
+        self._compiles.add(task)
+        task.add_done_callback(self._compiles.discard)
+        return await asyncio.shield(task)
 
     # -------------------------------------------------------------- run
-    async def _run(self, rec: JobRecord, engine: Engine, spec: PartyRunSpec) -> None:
+    async def _run(self, rec: JobRecord, job: JobContract, engine: Engine) -> None:
         job_id = rec.job_id
+        index = self.settings.index
+        job_dir = self.jobs_dir / job_id
         run: asyncio.Task[PartyRunResult] | None = None
         try:
+            await self._update(rec, phase="assembling inputs", progress=0.01)
+            inputs = await asyncio.to_thread(
+                assemble, self.store, job, index, self.settings.name, job_dir / "inputs")
+            await self._update(rec, phase="compiling", progress=0.02)
+            digest = await self._compile(engine, inputs.shape, job.security)
+            await self._update(rec, program_sha256=digest, phase="waiting for the engine",
+                               progress=0.03)
+            spec = PartyRunSpec(
+                security=job.security, shape=inputs.shape, party=index,
+                input_dir=job_dir / "inputs", workdir=job_dir / "engine",
+                peers=tuple(parse_address(a) for a in job.peer_mpc_addresses),
+                tls=PartyTls(self.keys.mpc_key(job.engine), self.keys.mpc_cert(job.engine),
+                             self.keys.ca_path),
+                program_hash=digest, timeout=self.settings.job_timeout,
+                bind_host=self.settings.mpc_bind_host,
+                session_tag=job.session_tag(rec.description_sha256),
+            )
             async with self._slot:
-                await self._update(rec, state=RUNNING, phase="starting", progress=0.01)
+                await self._update(rec, state=RUNNING, phase="starting", progress=0.04)
                 log.info("[Party.job] job=%s running", job_id)
                 pending: list[str] = []
 
@@ -270,7 +325,7 @@ class JobRunner:
                         pending.clear()
                 result = run.result()
                 await asyncio.to_thread(
-                    write_durable, self.jobs_dir / job_id / "opened.u64",
+                    write_durable, job_dir / "opened.u64",
                     np.ascontiguousarray(result.opened, dtype="<u8").tobytes(),
                 )
                 await self._update(
@@ -287,18 +342,28 @@ class JobRunner:
                     run.cancel()
                     await run
             reason = rec.error or "cancelled"
-            state = FAILED if reason != "cancelled" else CANCELLED
-            await self._update(rec, state=state, phase=state, error=reason
-                               if state == FAILED else "")
-            self.audit.record(f"job.{state}", job_id=job_id, reason=reason)
+            if reason == "cancelled":
+                await self._update(rec, state=CANCELLED, phase=CANCELLED, error="",
+                                   failure=FailureKind.CANCELLED.value)
+            else:
+                await self._update(rec, state=FAILED, phase=FAILED, error=reason,
+                                   failure=FailureKind.RESTARTED.value)
+            self.audit.record(f"job.{rec.state}", job_id=job_id, reason=reason,
+                              failure=rec.failure)
         except PpfsError as exc:
-            await self._update(rec, state=FAILED, phase="failed", error=str(exc)[:500])
-            self.audit.record("job.failed", job_id=job_id, reason=str(exc)[:500])
-            log.warning("[Party.job] job=%s failed: %s", job_id, type(exc).__name__)
+            kind = failure_kind(exc)
+            await self._update(rec, state=FAILED, phase="failed", error=str(exc)[:500],
+                               failure=kind.value)
+            self.audit.record("job.failed", job_id=job_id, reason=str(exc)[:500],
+                              failure=kind.value)
+            log.warning("[Party.job] job=%s failed: %s (%s)", job_id, type(exc).__name__,
+                        kind.value)
         except Exception:
             log.exception("[Party.job] job=%s internal error", job_id)
-            await self._update(rec, state=FAILED, phase="failed", error="internal error")
-            self.audit.record("job.failed", job_id=job_id, reason="internal error")
+            await self._update(rec, state=FAILED, phase="failed", error="internal error",
+                               failure=FailureKind.OWN.value)
+            self.audit.record("job.failed", job_id=job_id, reason="internal error",
+                              failure=FailureKind.OWN.value)
         finally:
             self._tasks.pop(job_id, None)
             await asyncio.to_thread(self._remove_inputs, job_id)
@@ -317,8 +382,26 @@ class JobRunner:
         shutil.rmtree(self.jobs_dir / job_id / "inputs", ignore_errors=True)
 
     # -------------------------------------------------------------- cancel
-    async def cancel(self, job_id: str, reason: str = "cancelled") -> JobRecord:
-        rec = self.get(job_id)
+    async def cancel(self, job_id: str, reason: str = "cancelled") -> tuple[JobRecord, bool]:
+        """Stop the job (its engine process is killed). A job not known yet is recorded
+        as cancelled, so its StartJob is refused when it arrives; returns (record,
+        whether it was such a tombstone)."""
+        job_id = check_id(job_id, "job id")
+        async with self._start_lock:  # a start in progress completes first
+            rec = self._records.get(job_id)
+            if rec is None:
+                rec = JobRecord(
+                    job_id=job_id, description_hex="", description_sha256="", engine="",
+                    security="", state=CANCELLED, phase="cancelled before it started",
+                    failure=FailureKind.CANCELLED.value, created_at=_now(),
+                )
+                self._records[job_id] = rec
+                self._save(rec)
+                self.audit.record("job.cancel", job_id=job_id, reason=reason,
+                                  outcome="remembered before start")
+                return rec, True
+            self.audit.record("job.cancel", job_id=job_id, reason=reason,
+                              outcome="already " + rec.state if rec.final else "stopping")
         task = self._tasks.get(job_id)
         if task is not None and not rec.final:
             if reason != "cancelled":
@@ -326,7 +409,7 @@ class JobRunner:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        return rec
+        return rec, False
 
     async def shutdown(self) -> None:
         """Stop every unfinished job (their engine processes are killed)."""
@@ -341,8 +424,8 @@ class JobRunner:
             raise JobConflictError(f"job {job_id!r} has no result ({rec.state})")
         words = (self.jobs_dir / job_id / "opened.u64").read_bytes()
         recipient = rec.description().recipient_public_key
-        sealed = seal(words, recipient)
-        signature = self.keys.signing.sign(job_id.encode() + sealed).signature
+        sealed, signature = seal_result_part(
+            job_id, np.frombuffer(words, dtype="<u8"), recipient, self.keys.signing)
         self.audit.record(
             "result.released", job_id=job_id,
             what=f"masked outputs, {len(words) // 8} words",

@@ -9,22 +9,15 @@ from typing import Any, TypeVar
 
 import grpc
 
+from ppfs.contract import FailureKind, JobState
 from ppfs.errors import ParameterError
 from ppfs.v1 import party_pb2, party_pb2_grpc
 from ppfs_party.errors import to_status
-from ppfs_party.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, JobRecord
+from ppfs_party.jobs import JobRecord
 from ppfs_party.state import PartyState
 from ppfs_party.store import UploadHeader
 
 log = logging.getLogger("ppfs.party")
-
-_STATES = {
-    QUEUED: party_pb2.JOB_STATE_QUEUED,
-    RUNNING: party_pb2.JOB_STATE_RUNNING,
-    SUCCEEDED: party_pb2.JOB_STATE_SUCCEEDED,
-    FAILED: party_pb2.JOB_STATE_FAILED,
-    CANCELLED: party_pb2.JOB_STATE_CANCELLED,
-}
 
 R = TypeVar("R")
 
@@ -56,9 +49,11 @@ def _unary(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
 
 def job_status(rec: JobRecord) -> party_pb2.JobStatus:
     return party_pb2.JobStatus(
-        job_id=rec.job_id, state=_STATES[rec.state], phase=rec.phase, progress=rec.progress,
-        error=rec.error, program_sha256=rec.program_sha256, seconds=rec.seconds,
-        bytes_sent=rec.bytes_sent,
+        job_id=rec.job_id, state=JobState(rec.state).to_proto(), phase=rec.phase,
+        progress=rec.progress, error=rec.error, program_sha256=rec.program_sha256,
+        seconds=rec.seconds, bytes_sent=rec.bytes_sent,
+        failure=(FailureKind(rec.failure).to_proto() if rec.failure
+                 else party_pb2.FAILURE_KIND_UNSPECIFIED),
     )
 
 
@@ -109,14 +104,16 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
                        context: grpc.aio.ServicerContext[Any, Any]
                        ) -> party_pb2.StartJobResponse:
         rec = await self.state.jobs.start(request.job, request.description_sha256)
-        return party_pb2.StartJobResponse(job_id=rec.job_id, program_sha256=rec.program_sha256)
+        return party_pb2.StartJobResponse(job_id=rec.job_id, program_sha256=rec.program_sha256,
+                                          state=JobState(rec.state).to_proto())
 
     @_unary
     async def CancelJob(self, request: party_pb2.CancelJobRequest,
                         context: grpc.aio.ServicerContext[Any, Any]
                         ) -> party_pb2.CancelJobResponse:
-        rec = await self.state.jobs.cancel(request.job_id)
-        return party_pb2.CancelJobResponse(state=_STATES[rec.state])
+        rec, remembered = await self.state.jobs.cancel(request.job_id)
+        return party_pb2.CancelJobResponse(state=JobState(rec.state).to_proto(),
+                                           remembered=remembered)
 
     @_unary
     async def GetJob(self, request: party_pb2.GetJobRequest,

@@ -38,6 +38,7 @@ class PartyState:
             tls_certificate_pem=self.keys.public_pem(CONTROL),
             mpc_certificate_pem=mpc,
             engines=list(self.engines), mpc_host=s.mpc_host, mpc_port_base=s.mpc_port_base,
+            mpc_port_count=s.mpc_port_count,
         )
 
     def dataset_info(self, dataset_id: str) -> party_pb2.DatasetInfo:

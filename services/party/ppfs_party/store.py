@@ -133,6 +133,13 @@ class ShareStore:
             raise NotFoundError(f"upload {upload_id!r} is not stored on this party")
         return found
 
+    def held_uploads(self, dataset_id: str) -> list[StoredUpload]:
+        """Committed uploads of a dataset (possibly none), in upload-id order."""
+        return sorted(
+            (u for u in self._uploads.values() if u.manifest.dataset_id == dataset_id),
+            key=lambda u: u.manifest.upload_id,
+        )
+
     def dataset_uploads(self, dataset_id: str) -> list[StoredUpload]:
         """Committed uploads of a dataset, in upload-id order (the same on every party)."""
         found = sorted(

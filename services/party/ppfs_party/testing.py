@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
+import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -24,10 +25,20 @@ import numpy as np
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey, VerifyKey
 
+from ppfs.contract import (
+    Combination,
+    DatasetSchema,
+    JobContract,
+    PinnedDataset,
+    PinnedUpload,
+    description_sha256,
+    plan,
+)
 from ppfs.durable import free_ports
-from ppfs.jobdesc import description_sha256
 from ppfs.pki import CertificateAuthority
 from ppfs.sharing import Scheme, ShareBundle, bundles_for_all
+from ppfs.step2a import Security
+from ppfs.step2b import TrainParams
 from ppfs.upload import Manifest, open_sealed, pack_bundles, seal, sign_manifest
 from ppfs.v1 import party_pb2, party_pb2_grpc
 from ppfs_party.config import PartySettings
@@ -57,6 +68,31 @@ class Owner:
     key: SigningKey
 
 
+def free_port_ranges(parties: int, count: int) -> list[int]:
+    """First ports of ``parties`` ranges of ``count`` consecutive ports free right now."""
+    if count == 1:
+        return free_ports(parties)
+    bases: list[int] = []
+    taken: set[int] = set()
+    while len(bases) < parties:
+        base = free_ports(1)[0]
+        span = set(range(base, base + count))
+        if base + count > 65535 or span & taken:
+            continue
+        ok = True
+        for port in span:
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            bases.append(base)
+            taken |= span
+    return bases
+
+
 @dataclass
 class Deployment:
     root: Path
@@ -71,12 +107,14 @@ class Deployment:
         """CA, per-party state (keys made by each party, CSRs signed by the CA) and a
         client certificate for the caller (the gateway's role)."""
         ca = CertificateAuthority.create("ppfs test deployment CA")
-        ports = free_ports(parties)
+        count = int(overrides.pop("mpc_port_count", 1))  # type: ignore[call-overload]
+        ports = free_port_ranges(parties, count)
         settings = []
         for i in range(parties):
             s = PartySettings(
                 state_dir=root / f"party{i}", index=i, listen="127.0.0.1:0",
-                mpc_host="127.0.0.1", mpc_port_base=ports[i], mpc_bind_host="127.0.0.1",
+                mpc_host="127.0.0.1", mpc_port_base=ports[i], mpc_port_count=count,
+                mpc_bind_host="127.0.0.1",
             )
             s = replace(s, **overrides)  # type: ignore[arg-type]
             open_state(s)  # first start: the party makes its keys and requests
@@ -120,6 +158,7 @@ async def spawn_party(
         "--state-dir", str(settings.state_dir), "--index", str(settings.index),
         "--listen", settings.listen, "--mpc-host", settings.mpc_host,
         "--mpc-port", str(settings.mpc_port_base), "--port-file", str(port_file),
+        "--mpc-port-count", str(settings.mpc_port_count),
         "--max-upload-bytes", str(settings.max_upload_bytes),
     ]
     if settings.mpc_bind_host:
@@ -213,6 +252,34 @@ def mask_upload(
     return seal_bundles(recipient, box_keys, [[b] for b in bundles], dataset_id=dataset_id,
                         upload_id=upload_id, rows=words.shape[0], columns=("w0", "w1"),
                         exponents=(0, 0))
+
+
+def describe_job(
+    job_id: str, datasets: Sequence[Sequence[SealedUpload]], *, mask: SealedUpload,
+    k: int, security: str, engine: str, recipient_public_key: bytes, peers: Sequence[str],
+    combination: str = "horizontal", train: TrainParams | None = None,
+) -> party_pb2.JobDescription:
+    """The description a gateway would send: each data set pinned to exactly these
+    uploads (in this order), planned from their manifests (ppfs.contract.plan)."""
+    pinned, schemas = [], []
+    for ups in datasets:
+        mans = [Manifest.from_bytes(u.manifest) for u in ups]
+        m0 = mans[0]
+        pinned.append(PinnedDataset(m0.dataset_id, tuple(
+            PinnedUpload(m.upload_id, m.digest(), m.rows) for m in mans)))
+        schemas.append(DatasetSchema(m0.dataset_id, m0.columns, m0.column_exponents,
+                                     m0.label_column, m0.classes, m0.frac_bits,
+                                     sum(m.rows for m in mans)))
+    comb = Combination(combination)
+    label = next(s.label_column for s in schemas if s.label_column)
+    planned = plan(schemas, comb, label)
+    return JobContract(
+        job_id=job_id, datasets=tuple(pinned), combination=comb, label_column=label, k=k,
+        security=Security(security), engine=engine,
+        frac_bits=planned.frac_bits, recipient_public_key=recipient_public_key,
+        mask_upload_id=mask.upload_id, m=planned.m, p=planned.p, classes=len(planned.classes),
+        training=train, peer_mpc_addresses=tuple(peers),
+    ).to_proto()
 
 
 def upload_messages(

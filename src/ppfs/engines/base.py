@@ -86,6 +86,9 @@ class PartyRunSpec:
     program_hash: str | None = None  # refuse to run when the own program differs
     timeout: float | None = None  # None: the engine's default
     bind_host: str | None = None  # listen on this address only (None: every interface)
+    # 63-bit tag of the job (ppfs.contract.session_tag): every party inputs it before any
+    # data and the run stops unless all tags agree. None: an embedded run (tag 0).
+    session_tag: int | None = None
 
     @property
     def name(self) -> str:

@@ -65,7 +65,15 @@ from ppfs.engines.base import (
     Progress,
     Step2AInputs,
 )
-from ppfs.errors import EngineError, IntegrityError, ParameterError, ShareFormatError
+from ppfs.errors import (
+    EngineError,
+    IntegrityError,
+    ParameterError,
+    PeerLostError,
+    SessionMismatchError,
+    ShareFormatError,
+    TimedOutError,
+)
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs.sharing import ShareBundle
 from ppfs.step2a import Security, Step2AShape, party_input_order
@@ -79,6 +87,7 @@ COMPILE_FLAGS = ("-M",)
 # old entry is never mistaken for a new one.
 CACHE_LAYOUT = b"ppfs-mpspdz-cache-3"
 INTEGRITY_MARKER = b"PPFS-INTEGRITY-FAILURE"
+SESSION_MARKER = b"PPFS-SESSION-MISMATCH"
 LOG_CAP = 256 * 1024  # bytes of each party's stdout/stderr kept on disk
 DEFAULT_TIMEOUT = 4 * 3600.0
 GRACE_SECONDS = 3.0  # how long the others may take to stop on their own after a failure
@@ -146,11 +155,13 @@ def matrix_shapes(shape: Step2AShape) -> dict[str, tuple[int, int]]:
 
 
 def write_party_input(
-    security: Security, shape: Step2AShape, party: int, party_dir: Path, out: Path
+    security: Security, shape: Step2AShape, party: int, party_dir: Path, out: Path,
+    session_tag: int = 0,
 ) -> None:
     """Write party ``party``'s MP-SPDZ input file from its share bundles.
 
-    The file holds, for data, labels and mask in turn, the components the party
+    The file starts with the job's session tag (one word), then holds, for data, labels
+    and mask in turn, the components the party
     inputs (:func:`ppfs.step2a.party_input_order`), each row-major as little-endian
     64-bit words: exactly the order in which ``step2a.mpc`` reads them.
     """
@@ -158,7 +169,10 @@ def write_party_input(
     expected = matrix_shapes(shape)
     dataset_id: str | None = None
     out.parent.mkdir(parents=True, exist_ok=True)
+    if not 0 <= session_tag < 1 << 63:
+        raise ParameterError("the session tag must be a 63-bit value")
     with open(out, "wb") as fh:
+        fh.write(int(session_tag).to_bytes(8, "little"))
         for kind, fname in zip(("data", "labels", "mask"), INPUT_FILES, strict=True):
             bundle = ShareBundle.load(party_dir / fname)
             if bundle.kind != kind or bundle.party != party or bundle.scheme != security.scheme:
@@ -465,7 +479,7 @@ class MpSpdzEngine:
         (d / "Programs").symlink_to(programs.resolve(), target_is_directory=True)
         (d / "HOSTS").write_text("".join(f"{host}:{port}\n" for host, port in spec.peers))
         write_party_input(spec.security, spec.shape, i, spec.input_dir,
-                          pdata / f"Input-Binary-P{i}-0")
+                          pdata / f"Input-Binary-P{i}-0", spec.session_tag or 0)
         own = tree_hash(d / "Programs", name)
         for expected in (digest, spec.program_hash):
             if expected is not None and own != expected:
@@ -602,7 +616,7 @@ class MpSpdzEngine:
             while pending:
                 remaining = deadline - time.perf_counter()
                 if remaining <= 0:
-                    raise EngineError(
+                    raise TimedOutError(
                         f"the MP-SPDZ run exceeded its time limit of {timeout:g} s"
                     )
                 done, pending = await asyncio.wait(
@@ -625,6 +639,11 @@ class MpSpdzEngine:
                 if not fut.done():
                     fut.cancel()
         if failed is not None:
+            if any(SESSION_MARKER in bytes(p.out.kept) for p in parties):
+                raise SessionMismatchError(
+                    "the MP-SPDZ peers run another job (session tags differ); "
+                    "no data was input"
+                )
             if any(INTEGRITY_MARKER in bytes(p.out.kept) for p in parties):
                 raise IntegrityError(
                     "integrity check failed: two parties' copies of a share component "
@@ -634,7 +653,13 @@ class MpSpdzEngine:
             code = culprit.proc.returncode
             why = (f"was killed by signal {-code}" if code is not None and code < 0
                    else f"failed with exit code {code}")
-            raise EngineError(
+            stderr = bytes(culprit.err.kept)
+            lost = code is not None and code > 0 and (
+                _PEER_FAILURE.search(stderr) is not None
+                or b"Fatal error in communication" in stderr
+                or b"encountered a problem" in stderr or b"closed" in stderr)
+            kind = PeerLostError if lost else EngineError
+            raise kind(
                 f"MP-SPDZ party {culprit.index} ({culprit.name}) {why}"
                 f"{_reason(bytes(culprit.err.kept))}; its log is in its working directory",
                 party=culprit.name,

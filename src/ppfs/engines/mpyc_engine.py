@@ -55,10 +55,18 @@ from ppfs.engines.mpyc_party import (
     EXIT_BAD_JOB,
     EXIT_OK,
     EXIT_PEER_LOST,
+    EXIT_SESSION,
     EXIT_TIMEOUT,
     JOB_VERSION,
 )
-from ppfs.errors import EngineError, EngineUnavailableError, ParameterError
+from ppfs.errors import (
+    EngineError,
+    EngineUnavailableError,
+    ParameterError,
+    PeerLostError,
+    SessionMismatchError,
+    TimedOutError,
+)
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs.step2a import Security, Step2AShape
 
@@ -91,6 +99,14 @@ def program_hash(shape: Step2AShape, security: Security) -> str:
     h.update(b"\0" + security.value.encode() + b"\0")
     h.update(json.dumps(shape.to_dict(), sort_keys=True).encode())  # incl. what is opened
     return h.hexdigest()
+
+
+# A worker's exit code -> the error it stands for (ppfs.contract.failure_kind reads these).
+_ERRORS: dict[int, type[EngineError]] = {
+    EXIT_PEER_LOST: PeerLostError,
+    EXIT_TIMEOUT: TimedOutError,
+    EXIT_SESSION: SessionMismatchError,
+}
 
 
 @dataclass
@@ -311,6 +327,7 @@ class MpycEngine:
             "timeout": timeout + 30.0,  # the engine's limit acts first
             "chunk": self.chunk,
             "ssl": True,
+            "session_tag": spec.session_tag or 0,
         }
         (d / "job.json").write_text(json.dumps(job, indent=1))
 
@@ -356,12 +373,13 @@ class MpycEngine:
                 failed = [waits[f] for f in done if waits[f].proc.returncode != 0]
                 if failed:
                     culprit = await self._culprit(workers, failed)
-                    raise EngineError(
+                    kind = _ERRORS.get(culprit.proc.returncode or 0, EngineError)
+                    raise kind(
                         f"MPyC party {culprit.name} failed: {self._reason(culprit)}",
                         party=culprit.name,
                     )
                 if pending and now > deadline:
-                    raise EngineError("the MPyC run timed out; all parties were stopped")
+                    raise TimedOutError("the MPyC run timed out; all parties were stopped")
         finally:
             for fut in pending:
                 fut.cancel()
@@ -400,6 +418,8 @@ class MpycEngine:
             return reason or "it lost its connection to another party"
         if code == EXIT_TIMEOUT:
             return reason or "it timed out"
+        if code == EXIT_SESSION:
+            return reason or "its peers run another job"
         if code == EXIT_BAD_JOB:
             return reason or "its job or inputs are unusable"
         return reason or f"it exited with code {code}"

@@ -24,8 +24,15 @@ Nothing travels between the parties through pickle: MPyC's marshalling is replac
 by :class:`RawWire` (fixed-width raw buffers). Share values and opened words are
 never logged; errors name their type and a fixed reason only.
 
+Before any of this, right after connecting, every party inputs the job's session
+tag (``session_tag`` in the job file, ppfs.contract.session_tag) as a private input;
+the differences of party 0's tag and each other party's are opened (public values)
+and the party stops with exit code 5 unless all are zero: peers running another job
+never get to compute with this party's data. The share files are read only after
+this check.
+
 Exit codes: 0 done, 1 internal error, 2 bad job or inputs, 3 a peer was lost,
-4 timed out.
+4 timed out, 5 the peers run another job (session tags differ).
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ EXIT_INTERNAL = 1
 EXIT_BAD_JOB = 2
 EXIT_PEER_LOST = 3
 EXIT_TIMEOUT = 4
+EXIT_SESSION = 5
 
 JOB_VERSION = 1
 # Bit length of the secure integer type. MPyC picks a prime of l + k + 2 = 128 bits
@@ -86,6 +94,10 @@ class JobError(PpfsError):
     """The job file or the party's inputs are unusable."""
 
 
+class SessionError(PpfsError):
+    """Another party input a different session tag: it runs another job."""
+
+
 # --------------------------------------------------------------------------- job
 
 
@@ -104,6 +116,7 @@ class PartyJob:
     timeout: float
     chunk: int
     ssl: bool
+    session_tag: int = 0
 
     @classmethod
     def load(cls, path: Path, party: int) -> PartyJob:
@@ -129,6 +142,7 @@ class PartyJob:
                 timeout=float(raw.get("timeout", 3600.0)),
                 chunk=int(raw.get("chunk", DEFAULT_CHUNK)),
                 ssl=bool(raw.get("ssl", True)),
+                session_tag=int(raw.get("session_tag", 0)),
             )
         except JobError:
             raise
@@ -144,6 +158,8 @@ class PartyJob:
             raise JobError("party 0 needs an output path")
         if job.chunk < 1:
             raise JobError("chunk must be positive")
+        if not 0 <= job.session_tag < _TWO63:
+            raise JobError("the session tag must be a 63-bit value")
         return job
 
 
@@ -695,13 +711,20 @@ def setup_logging() -> None:
     log.setLevel(logging.INFO)
 
 
+async def check_session(rt: Any, secint: Any, tag: int) -> None:
+    """Every party inputs its session tag; the differences to party 0's are opened
+    (public: zero exactly when the tags agree). SessionError unless all are zero."""
+    tags = rt.input(secint(tag), senders=list(range(len(rt.parties))))
+    diffs = await rt.output([tags[0] - t for t in tags[1:]])
+    if any(int(d) != 0 for d in diffs):
+        raise SessionError("the peers run another job (session tags differ)")
+
+
 def run_party(job: PartyJob) -> int:
     t_start = time.monotonic()
     parent = os.getppid()
     status = StatusFile(job.status_path)
-    status.phase("loading shares")
     roles = conversion_roles(job.security.scheme)
-    inputs = load_inputs(job, roles)
 
     mpyc_runtime = import_mpyc_runtime()
     rt = make_runtime(mpyc_runtime, job)
@@ -714,6 +737,11 @@ def run_party(job: PartyJob) -> int:
         await guarded(rt.start(), min(deadline, time.monotonic() + job.start_timeout), None,
                       parent)
         t_mpc = time.monotonic()
+        status.phase("checking the session")
+        await guarded(check_session(rt, secint, job.session_tag), deadline,
+                      lambda: peer_lost(rt), parent)
+        status.phase("loading shares")  # only now, with peers of this very job
+        inputs = load_inputs(job, roles)
         opened = await guarded(
             select_top_k(rt, secint, job, inputs, roles, status), deadline,
             lambda: peer_lost(rt), parent,
@@ -756,6 +784,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_party(job)
     except JobError as exc:
         return _fail(job, EXIT_BAD_JOB, str(exc))
+    except SessionError as exc:
+        return _fail(job, EXIT_SESSION, str(exc))
     except PeerLostError:
         return _fail(job, EXIT_PEER_LOST, "an MPC peer was lost")
     except TimeoutError:

@@ -21,6 +21,18 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_SUCCEEDED: _ClassVar[JobState]
     JOB_STATE_FAILED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
+
+class FailureKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAILURE_KIND_UNSPECIFIED: _ClassVar[FailureKind]
+    FAILURE_KIND_OWN: _ClassVar[FailureKind]
+    FAILURE_KIND_PEER_LOST: _ClassVar[FailureKind]
+    FAILURE_KIND_TIMEOUT: _ClassVar[FailureKind]
+    FAILURE_KIND_INTEGRITY: _ClassVar[FailureKind]
+    FAILURE_KIND_REFUSED: _ClassVar[FailureKind]
+    FAILURE_KIND_CANCELLED: _ClassVar[FailureKind]
+    FAILURE_KIND_SESSION: _ClassVar[FailureKind]
+    FAILURE_KIND_RESTARTED: _ClassVar[FailureKind]
 COMBINATION_UNSPECIFIED: Combination
 COMBINATION_HORIZONTAL: Combination
 COMBINATION_VERTICAL: Combination
@@ -30,13 +42,22 @@ JOB_STATE_RUNNING: JobState
 JOB_STATE_SUCCEEDED: JobState
 JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
+FAILURE_KIND_UNSPECIFIED: FailureKind
+FAILURE_KIND_OWN: FailureKind
+FAILURE_KIND_PEER_LOST: FailureKind
+FAILURE_KIND_TIMEOUT: FailureKind
+FAILURE_KIND_INTEGRITY: FailureKind
+FAILURE_KIND_REFUSED: FailureKind
+FAILURE_KIND_CANCELLED: FailureKind
+FAILURE_KIND_SESSION: FailureKind
+FAILURE_KIND_RESTARTED: FailureKind
 
 class GetIdentityRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class PartyIdentity(_message.Message):
-    __slots__ = ("index", "name", "box_public_key", "signing_public_key", "tls_certificate_pem", "mpc_certificate_pem", "engines", "mpc_host", "mpc_port_base")
+    __slots__ = ("index", "name", "box_public_key", "signing_public_key", "tls_certificate_pem", "mpc_certificate_pem", "engines", "mpc_host", "mpc_port_base", "mpc_port_count")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     BOX_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +67,7 @@ class PartyIdentity(_message.Message):
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     MPC_HOST_FIELD_NUMBER: _ClassVar[int]
     MPC_PORT_BASE_FIELD_NUMBER: _ClassVar[int]
+    MPC_PORT_COUNT_FIELD_NUMBER: _ClassVar[int]
     index: int
     name: str
     box_public_key: bytes
@@ -55,7 +77,8 @@ class PartyIdentity(_message.Message):
     engines: _containers.RepeatedScalarFieldContainer[str]
     mpc_host: str
     mpc_port_base: int
-    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., box_public_key: _Optional[bytes] = ..., signing_public_key: _Optional[bytes] = ..., tls_certificate_pem: _Optional[bytes] = ..., mpc_certificate_pem: _Optional[bytes] = ..., engines: _Optional[_Iterable[str]] = ..., mpc_host: _Optional[str] = ..., mpc_port_base: _Optional[int] = ...) -> None: ...
+    mpc_port_count: int
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., box_public_key: _Optional[bytes] = ..., signing_public_key: _Optional[bytes] = ..., tls_certificate_pem: _Optional[bytes] = ..., mpc_certificate_pem: _Optional[bytes] = ..., engines: _Optional[_Iterable[str]] = ..., mpc_host: _Optional[str] = ..., mpc_port_base: _Optional[int] = ..., mpc_port_count: _Optional[int] = ...) -> None: ...
 
 class UploadPartHeader(_message.Message):
     __slots__ = ("dataset_id", "upload_id", "owner_id", "manifest", "manifest_signature", "sealed_size")
@@ -117,20 +140,42 @@ class DatasetInfo(_message.Message):
     upload_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, dataset_id: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., column_exponents: _Optional[_Iterable[int]] = ..., label_column: _Optional[str] = ..., classes: _Optional[int] = ..., rows: _Optional[int] = ..., upload_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class PinnedUpload(_message.Message):
+    __slots__ = ("upload_id", "manifest_sha256", "rows")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    manifest_sha256: str
+    rows: int
+    def __init__(self, upload_id: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., rows: _Optional[int] = ...) -> None: ...
+
+class PinnedDataset(_message.Message):
+    __slots__ = ("dataset_id", "uploads")
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    UPLOADS_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    uploads: _containers.RepeatedCompositeFieldContainer[PinnedUpload]
+    def __init__(self, dataset_id: _Optional[str] = ..., uploads: _Optional[_Iterable[_Union[PinnedUpload, _Mapping]]] = ...) -> None: ...
+
 class TrainingParameters(_message.Message):
-    __slots__ = ("epochs", "batch_size", "learning_rate", "seed")
+    __slots__ = ("epochs", "batch_size", "learning_rate", "seed", "frac_bits", "sigmoid")
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
+    SIGMOID_FIELD_NUMBER: _ClassVar[int]
     epochs: int
     batch_size: int
     learning_rate: float
     seed: int
-    def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    frac_bits: int
+    sigmoid: str
+    def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., seed: _Optional[int] = ..., frac_bits: _Optional[int] = ..., sigmoid: _Optional[str] = ...) -> None: ...
 
 class JobDescription(_message.Message):
-    __slots__ = ("job_id", "dataset_ids", "combination", "label_column", "k", "security", "engine", "frac_bits", "training", "recipient_public_key", "mask_upload_id", "peer_mpc_addresses")
+    __slots__ = ("job_id", "dataset_ids", "combination", "label_column", "k", "security", "engine", "frac_bits", "training", "recipient_public_key", "mask_upload_id", "peer_mpc_addresses", "datasets", "m", "p", "classes", "outputs", "contract_version")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_IDS_FIELD_NUMBER: _ClassVar[int]
     COMBINATION_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +188,12 @@ class JobDescription(_message.Message):
     RECIPIENT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     MASK_UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
     PEER_MPC_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    DATASETS_FIELD_NUMBER: _ClassVar[int]
+    M_FIELD_NUMBER: _ClassVar[int]
+    P_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    CONTRACT_VERSION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     dataset_ids: _containers.RepeatedScalarFieldContainer[str]
     combination: Combination
@@ -155,7 +206,13 @@ class JobDescription(_message.Message):
     recipient_public_key: bytes
     mask_upload_id: str
     peer_mpc_addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_id: _Optional[str] = ..., dataset_ids: _Optional[_Iterable[str]] = ..., combination: _Optional[_Union[Combination, str]] = ..., label_column: _Optional[str] = ..., k: _Optional[int] = ..., security: _Optional[str] = ..., engine: _Optional[str] = ..., frac_bits: _Optional[int] = ..., training: _Optional[_Union[TrainingParameters, _Mapping]] = ..., recipient_public_key: _Optional[bytes] = ..., mask_upload_id: _Optional[str] = ..., peer_mpc_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    datasets: _containers.RepeatedCompositeFieldContainer[PinnedDataset]
+    m: int
+    p: int
+    classes: int
+    outputs: int
+    contract_version: int
+    def __init__(self, job_id: _Optional[str] = ..., dataset_ids: _Optional[_Iterable[str]] = ..., combination: _Optional[_Union[Combination, str]] = ..., label_column: _Optional[str] = ..., k: _Optional[int] = ..., security: _Optional[str] = ..., engine: _Optional[str] = ..., frac_bits: _Optional[int] = ..., training: _Optional[_Union[TrainingParameters, _Mapping]] = ..., recipient_public_key: _Optional[bytes] = ..., mask_upload_id: _Optional[str] = ..., peer_mpc_addresses: _Optional[_Iterable[str]] = ..., datasets: _Optional[_Iterable[_Union[PinnedDataset, _Mapping]]] = ..., m: _Optional[int] = ..., p: _Optional[int] = ..., classes: _Optional[int] = ..., outputs: _Optional[int] = ..., contract_version: _Optional[int] = ...) -> None: ...
 
 class StartJobRequest(_message.Message):
     __slots__ = ("job", "description_sha256")
@@ -166,12 +223,14 @@ class StartJobRequest(_message.Message):
     def __init__(self, job: _Optional[_Union[JobDescription, _Mapping]] = ..., description_sha256: _Optional[str] = ...) -> None: ...
 
 class StartJobResponse(_message.Message):
-    __slots__ = ("job_id", "program_sha256")
+    __slots__ = ("job_id", "program_sha256", "state")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_SHA256_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     program_sha256: str
-    def __init__(self, job_id: _Optional[str] = ..., program_sha256: _Optional[str] = ...) -> None: ...
+    state: JobState
+    def __init__(self, job_id: _Optional[str] = ..., program_sha256: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class CancelJobRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -180,10 +239,12 @@ class CancelJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class CancelJobResponse(_message.Message):
-    __slots__ = ("state",)
+    __slots__ = ("state", "remembered")
     STATE_FIELD_NUMBER: _ClassVar[int]
+    REMEMBERED_FIELD_NUMBER: _ClassVar[int]
     state: JobState
-    def __init__(self, state: _Optional[_Union[JobState, str]] = ...) -> None: ...
+    remembered: bool
+    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., remembered: _Optional[bool] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -192,7 +253,7 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job_id", "state", "phase", "progress", "error", "program_sha256", "seconds", "bytes_sent")
+    __slots__ = ("job_id", "state", "phase", "progress", "error", "program_sha256", "seconds", "bytes_sent", "failure")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +262,7 @@ class JobStatus(_message.Message):
     PROGRAM_SHA256_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: JobState
     phase: str
@@ -209,7 +271,8 @@ class JobStatus(_message.Message):
     program_sha256: str
     seconds: float
     bytes_sent: int
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., phase: _Optional[str] = ..., progress: _Optional[float] = ..., error: _Optional[str] = ..., program_sha256: _Optional[str] = ..., seconds: _Optional[float] = ..., bytes_sent: _Optional[int] = ...) -> None: ...
+    failure: FailureKind
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., phase: _Optional[str] = ..., progress: _Optional[float] = ..., error: _Optional[str] = ..., program_sha256: _Optional[str] = ..., seconds: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., failure: _Optional[_Union[FailureKind, str]] = ...) -> None: ...
 
 class WatchJobRequest(_message.Message):
     __slots__ = ("job_id",)

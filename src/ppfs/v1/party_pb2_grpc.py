@@ -102,15 +102,17 @@ class PartyServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StartJob(self, request, context):
-        """Start a job; refused when the program or parameters differ from what this
-        party compiled itself for the job's description.
+        """Start a job: answered at once after the cheap checks (description hash, pinned
+        uploads, parameters); assembling inputs and compiling are the job's first phases.
+        Refused for a job id that was cancelled before it arrived.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CancelJob(self, request, context):
-        """Stop a job and its engine process.
+        """Stop a job and its engine process. A job not known yet is remembered as
+        cancelled, so its StartJob is refused when it arrives later.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
