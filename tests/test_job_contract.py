@@ -1,0 +1,420 @@
+"""The job contract: one definition of a job, its states and failure kinds; pinned
+inputs; quick StartJob with compiling as a phase; cancels that race a start; session
+tags that keep engines of different jobs apart; a complete audit log.
+
+Party tests run real party servers (loopback, port 0, mutual TLS) on MPyC with tiny
+tables; a slow compile is an engine wrapper whose ``prepare`` waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from nacl.public import PrivateKey
+from ppfs_party import state as party_state
+from ppfs_party.server import start_party_server
+from ppfs_party.testing import (
+    Deployment,
+    SealedUpload,
+    data_upload,
+    describe_job,
+    fetch_opened,
+    identities,
+    mask_upload,
+    start_requests,
+    upload_messages,
+    watch_to_end,
+)
+from procs import processes_in
+
+from ppfs.contract import (
+    FailureKind,
+    JobContract,
+    JobState,
+    description_sha256,
+    service_shape,
+)
+from ppfs.engines.base import Engine
+from ppfs.engines.mpyc_engine import MpycEngine
+from ppfs.errors import SessionMismatchError
+from ppfs.fixedpoint import FixedPoint
+from ppfs.local import prepare_inputs
+from ppfs.step2a import Security, Step2AShape, draw_mask_words, mirror, unmask_all
+from ppfs.synthetic import make_table
+from ppfs.upload import Manifest
+from ppfs.v1 import party_pb2, party_pb2_grpc
+
+Stub = party_pb2_grpc.PartyServiceStub
+
+
+# ------------------------------------------------------------------ definitions
+
+
+def test_states_and_failure_kinds_are_defined_once() -> None:
+    states = party_pb2.JobState.DESCRIPTOR.values_by_name
+    proto_states = {n.removeprefix("JOB_STATE_") for n in states}
+    assert proto_states - {"UNSPECIFIED"} == {s.name for s in JobState}
+    kinds = party_pb2.FailureKind.DESCRIPTOR.values_by_name
+    proto_kinds = {n.removeprefix("FAILURE_KIND_") for n in kinds}
+    assert proto_kinds - {"UNSPECIFIED"} == {k.name for k in FailureKind}
+    for s in JobState:
+        assert JobState.from_proto(s.to_proto()) is s
+    for k in FailureKind:
+        assert FailureKind.from_proto(k.to_proto()) is k
+
+
+# ------------------------------------------------------------------ harness
+
+
+class SlowEngine:
+    """MPyC whose ``prepare`` takes ``seconds`` the first time a program is seen
+    (a slow compile), then finds it in its cache."""
+
+    def __init__(self, inner: MpycEngine, seconds: float) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.seconds = seconds
+        self.compiles: list[str] = []  # program hashes compiled (finished), in order
+        self.cache: set[str] = set()
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    async def prepare(self, shape: Step2AShape, security: Security) -> str:
+        digest = await self.inner.prepare(shape, security)
+        if digest not in self.cache:
+            await asyncio.sleep(self.seconds)
+            self.compiles.append(digest)
+            self.cache.add(digest)
+        return digest
+
+
+def _slow_engines(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[SlowEngine]:
+    made: list[SlowEngine] = []
+
+    def usable(settings: Any) -> dict[str, Engine]:
+        e = SlowEngine(MpycEngine(), seconds)
+        made.append(e)
+        return {"mpyc": e}  # type: ignore[dict-item]
+
+    monkeypatch.setattr(party_state, "usable_engines", usable)
+    return made
+
+
+@dataclasses.dataclass
+class World:
+    dep: Deployment
+    stubs: list[Stub]
+    box: list[bytes]
+    raw: np.ndarray
+    y: np.ndarray
+    data: SealedUpload
+    recipient: PrivateKey
+    fp: FixedPoint
+
+    def masks(self, shape: Step2AShape, upload_id: str, seed: int
+              ) -> tuple[SealedUpload, np.ndarray]:
+        words = draw_mask_words(shape.outputs, np.random.default_rng(seed))
+        rec = self.dep.owners["recipient"]
+        return mask_upload(rec, self.box, words, dataset_id=f"m-{upload_id}",
+                           upload_id=upload_id), words
+
+    async def put(self, up: SealedUpload, parties: range | list[int] | None = None) -> None:
+        for i in parties if parties is not None else range(len(self.stubs)):
+            await self.stubs[i].PutUploadPart(upload_messages(up, i))
+
+    def job(self, job_id: str, datasets: list[list[SealedUpload]], mask: SealedUpload,
+            k: int = 1, peers: list[str] | None = None) -> party_pb2.JobDescription:
+        return describe_job(
+            job_id, datasets, mask=mask, k=k, security="passive-3pc", engine="mpyc",
+            recipient_public_key=bytes(self.recipient.public_key),
+            peers=peers or self.dep.peer_addresses(),
+        )
+
+    def shape(self) -> Step2AShape:
+        return service_shape(self.raw.shape[0], self.raw.shape[1], 2, 1,
+                             self.fp.value_bits, None)
+
+    def part(self, rows: int, dataset_id: str, upload_id: str) -> SealedUpload:
+        """Another upload with the first one's schema (its first ``rows`` rows)."""
+        man = Manifest.from_bytes(self.data.manifest)
+        return data_upload(self.dep.owners["owner-a"], self.box, self.raw[:rows],
+                           man.columns, man.column_exponents, dataset_id=dataset_id,
+                           upload_id=upload_id, onehot=np.zeros((rows, 1)),
+                           label_column=man.label_column, classes=man.classes)
+
+    def audit(self, i: int) -> list[dict[str, Any]]:
+        path = self.dep.settings[i].state_dir / "audit.log"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _run(tmp_path: Path, scenario: Callable[[World], Awaitable[None]], **overrides: Any
+         ) -> None:
+    async def main() -> None:
+        dep = Deployment.create(tmp_path, 3, engines=("mpyc",), **overrides)
+        servers = [await start_party_server(s) for s in dep.settings]
+        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+        try:
+            stubs = [Stub(c) for c in channels]
+            box = [i.box_public_key for i in await identities(stubs)]
+            table = make_table(12, 3, seed=4)
+            fp = FixedPoint()
+            exps = fp.choose_exponents(table.x, table.columns)
+            raw = fp.encode(table.x, exps, table.columns)
+            owner = dep.add_owner("owner-a")
+            dep.add_owner("recipient")
+            data = data_upload(owner, box, raw, table.columns, exps, dataset_id="ds",
+                               upload_id="up-1", onehot=table.one_hot(),
+                               label_column=table.label_column, classes=table.classes)
+            w = World(dep, stubs, box, raw, table.y, data, PrivateKey.generate(), fp)
+            await w.put(data)
+            await scenario(w)
+        finally:
+            for c in channels:
+                await c.close()
+            for srv in servers:
+                await srv.stop(0)
+
+    asyncio.run(main())
+    assert processes_in(tmp_path) == []  # no engine process left behind
+
+
+async def _refusal(stub: Stub, desc: party_pb2.JobDescription) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.StartJob(start_requests(desc))
+    assert info.value.code() in (grpc.StatusCode.INVALID_ARGUMENT,
+                                 grpc.StatusCode.FAILED_PRECONDITION)
+    return info.value.details() or ""
+
+
+async def _check_result(w: World, desc: party_pb2.JobDescription, words: np.ndarray) -> None:
+    ids = await identities(w.stubs)
+    parts = await fetch_opened(w.stubs, ids, desc.job_id, w.recipient)
+    assert all(np.array_equal(p, parts[0]) for p in parts)
+    shape = JobContract.from_proto(desc).shape
+    out = unmask_all(parts[0], words, shape)
+    np.testing.assert_array_equal(out.indices, mirror(w.raw, w.y, shape).selected)
+
+
+# ------------------------------------------------------------------ pinned inputs
+
+
+def test_job_runs_only_on_the_uploads_it_pins(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        shape = w.shape()
+        mask, _ = w.masks(shape, "mask-1", 1)
+        await w.put(mask)
+        # an upload of the same data set held by Bob only, not named by the job
+        extra = w.part(4, "ds", "up-extra")
+        await w.put(extra, [1])
+        # an upload named by the job that nobody holds
+        missing = _renamed(extra, "up-missing")
+        desc = w.job("j-pins", [[w.data]], mask)
+        why = await _refusal(w.stubs[1], desc)
+        assert "Bob holds upload 'up-extra' of data set 'ds' not named by the job" in why
+        desc2 = w.job("j-missing", [[w.data, missing]], mask)
+        why = await _refusal(w.stubs[0], desc2)
+        assert "Alice does not hold upload 'up-missing' of data set 'ds'" in why
+        # a description whose m does not match the pinned uploads
+        bad = w.job("j-m", [[w.data]], mask)
+        bad.m += 1
+        bad.outputs = JobContract.from_proto(bad).outputs
+        why = await _refusal(w.stubs[0], bad)
+        assert "m=12" in why and "m=13" in why
+        refused = {e["job_id"] for e in w.audit(0) if e["event"] == "job.refused"}
+        assert {"j-missing", "j-m"} <= refused
+        assert {"j-pins"} <= {e["job_id"] for e in w.audit(1) if e["event"] == "job.refused"}
+
+    _run(tmp_path, scenario)
+
+
+def _renamed(up: SealedUpload, upload_id: str) -> SealedUpload:
+    """The same upload under another id (its manifest only; never sent to a party)."""
+    man = dataclasses.replace(Manifest.from_bytes(up.manifest), upload_id=upload_id)
+    return dataclasses.replace(up, manifest=man.to_bytes(), upload_id=upload_id)
+
+
+# ------------------------------------------------------------------ quick start, slow compile
+
+
+def test_slow_compile_is_a_phase_and_is_cached(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    engines = _slow_engines(monkeypatch, seconds=3.0)
+
+    async def scenario(w: World) -> None:
+        for n in (1, 2):
+            shape = w.shape()
+            mask, words = w.masks(shape, f"mask-{n}", n)
+            await w.put(mask)
+            desc = w.job(f"j-slow-{n}", [[w.data]], mask)
+            # StartJob answers well inside a deadline shorter than the compile
+            for s in w.stubs:
+                resp = await s.StartJob(start_requests(desc), timeout=1.0)
+                assert resp.state == party_pb2.JOB_STATE_QUEUED
+            finals = await asyncio.gather(*(watch_to_end(s, desc.job_id) for s in w.stubs))
+            assert all(f.state == party_pb2.JOB_STATE_SUCCEEDED for f in finals), finals
+            await _check_result(w, desc, words)
+        # the second job of the same shape found the program in the cache
+        # (the first three engines belong to the deployment's set-up, not the servers)
+        assert [len(e.compiles) for e in engines[-3:]] == [1, 1, 1]
+
+    _run(tmp_path, scenario)
+
+
+# ------------------------------------------------------------------ cancel races start
+
+
+def test_cancel_while_compiling_and_before_start(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    engines = _slow_engines(monkeypatch, seconds=2.0)
+
+    async def scenario(w: World) -> None:
+        shape = w.shape()
+        mask, _ = w.masks(shape, "mask-c", 3)
+        await w.put(mask)
+        desc = w.job("j-cancel", [[w.data]], mask)
+        # Alice and Bob start (and compile); Carol hears of the cancel first
+        for s in w.stubs[:2]:
+            await s.StartJob(start_requests(desc))
+        for s in w.stubs[:2]:  # cancel while the compile is under way
+            while (await s.GetJob(party_pb2.GetJobRequest(job_id="j-cancel"))
+                   ).phase != "compiling":
+                await asyncio.sleep(0.02)
+        acks = [await s.CancelJob(party_pb2.CancelJobRequest(job_id="j-cancel"))
+                for s in w.stubs]
+        assert [a.remembered for a in acks] == [False, False, True]
+        assert all(a.state == party_pb2.JOB_STATE_CANCELLED for a in acks)
+        why = await _refusal(w.stubs[2], desc)  # the late StartJob loses
+        assert "cancelled before it reached Carol" in why
+        for s in w.stubs:
+            st = await s.GetJob(party_pb2.GetJobRequest(job_id="j-cancel"))
+            assert st.state == party_pb2.JOB_STATE_CANCELLED
+            assert st.failure == party_pb2.FAILURE_KIND_CANCELLED
+        # the compile that was under way finishes into the cache all the same
+        for _ in range(100):
+            if all(e.compiles for e in engines[-3:-1]):
+                break
+            await asyncio.sleep(0.05)
+        assert [len(e.compiles) for e in engines[-3:]] == [1, 1, 0]
+        for i in range(3):
+            events = [(e["event"], e.get("job_id")) for e in w.audit(i)]
+            assert ("job.cancel", "j-cancel") in events
+        assert ("job.refused", "j-cancel") in [(e["event"], e.get("job_id"))
+                                               for e in w.audit(2)]
+
+    _run(tmp_path, scenario)
+
+
+# ------------------------------------------------------------------ two jobs, one session
+
+
+def test_refused_job_never_shares_a_session_with_the_next(tmp_path: Path) -> None:
+    """Job 1 is refused by Bob (he lacks an upload it pins) while Alice and Carol start
+    it; job 2 follows at once on the same data set. First without the gateway's cancel,
+    on the same MPC ports: the engines of the two jobs meet and stop at the session
+    check, before any data. Then as the gateway does it (cancel everywhere, next port):
+    job 2 succeeds and matches the mirror."""
+
+    async def scenario(w: World) -> None:
+        shape = w.shape()
+        only_ac = w.part(4, "ds-2", "up-ac")
+        await w.put(only_ac, [0, 2])
+        ports = [s.mpc_port_base for s in w.dep.settings]
+        same = [f"127.0.0.1:{p}" for p in ports]
+        nxt = [f"127.0.0.1:{p + 1}" for p in ports]
+
+        masks = [w.masks(shape, f"mask-{n}", 10 + n) for n in range(4)]
+        for mk, _ in masks:
+            await w.put(mk)
+        # -- without a cancel, same ports: engines of two jobs meet
+        job1 = w.job("j-one", [[w.data]], masks[0][0], peers=same)
+        job2 = w.job("j-two", [[w.data]], masks[1][0], peers=same)
+        # Bob "refuses" job 1 by never starting it; Alice and Carol run it, Bob runs job 2
+        for i in (0, 2):
+            await w.stubs[i].StartJob(start_requests(job1))
+        await w.stubs[1].StartJob(start_requests(job2))
+        bob = await watch_to_end(w.stubs[1], "j-two", timeout=120)
+        assert bob.state == party_pb2.JOB_STATE_FAILED
+        assert bob.failure == party_pb2.FAILURE_KIND_SESSION, bob.error
+        for i in (0, 2):
+            st = await watch_to_end(w.stubs[i], "j-one", timeout=120)
+            assert st.state == party_pb2.JOB_STATE_FAILED
+            assert st.failure == party_pb2.FAILURE_KIND_SESSION, st.error
+        for i in range(3):  # nobody loaded shares: the check came first
+            for job_id in ("j-one", "j-two"):
+                status = w.dep.settings[i].state_dir / "jobs" / job_id / "engine" / "status.txt"
+                if status.exists():
+                    assert "loading shares" not in status.read_text()
+
+        # -- as the gateway does it: refused at Bob, cancelled everywhere, next job at once
+        job3 = w.job("j-three", [[w.data], [only_ac]], masks[2][0], peers=nxt)
+        for i in (0, 2):
+            await w.stubs[i].StartJob(start_requests(job3))
+        why = await _refusal(w.stubs[1], job3)
+        assert "Bob does not hold upload 'up-ac' of data set 'ds-2'" in why
+        for s in w.stubs:
+            await s.CancelJob(party_pb2.CancelJobRequest(job_id="j-three"))
+        job4 = w.job("j-four", [[w.data]], masks[3][0], peers=same)
+        for s in w.stubs:
+            await s.StartJob(start_requests(job4))
+        finals = await asyncio.gather(*(watch_to_end(s, "j-four", timeout=120)
+                                        for s in w.stubs))
+        assert all(f.state == party_pb2.JOB_STATE_SUCCEEDED for f in finals), [
+            f.error for f in finals]
+        assert all(f.failure == party_pb2.FAILURE_KIND_UNSPECIFIED for f in finals)
+        await _check_result(w, job4, masks[3][1])
+        for i in (0, 2):
+            st = await w.stubs[i].GetJob(party_pb2.GetJobRequest(job_id="j-three"))
+            assert st.state == party_pb2.JOB_STATE_CANCELLED
+        for i in range(3):
+            events = {(e["event"], e.get("job_id")) for e in w.audit(i)}
+            assert ("job.cancel", "j-three") in events
+        assert ("job.refused", "j-three") in {(e["event"], e.get("job_id"))
+                                              for e in w.audit(1)}
+
+    _run(tmp_path, scenario, mpc_port_count=2)
+
+
+# ------------------------------------------------------------------ engine session check
+
+
+def test_mpyc_session_tag_mismatch_stops_before_data(tmp_path: Path) -> None:
+    table = make_table(8, 3, seed=2)
+    security = Security.PASSIVE_3PC
+    prep = prepare_inputs(table, 1, security, tmp_path / "inputs")
+    engine = MpycEngine(start_timeout=30)
+    dirs = [tmp_path / "run" / f"P{i}" for i in range(3)]
+    specs = engine._embedded_specs(prep.inputs, dirs)
+    tags = [11, 11, 12]  # Carol runs another job
+    specs = [dataclasses.replace(s, session_tag=t) for s, t in zip(specs, tags, strict=True)]
+
+    async def main() -> list[BaseException | Any]:
+        return await asyncio.gather(*(engine.run_party(s) for s in specs),
+                                    return_exceptions=True)
+
+    got = asyncio.run(main())
+    assert all(isinstance(g, SessionMismatchError) for g in got), got
+    for d in dirs:
+        phases = (d / "status.txt").read_text()
+        assert "checking the session" in phases and "loading shares" not in phases
+        assert not (d / "opened.u64").exists()
+    assert processes_in(tmp_path) == []
+
+
+def test_session_tag_binds_job_id_and_description() -> None:
+    from ppfs.contract import session_tag
+
+    a = session_tag("job-1", "a" * 64)
+    assert 0 <= a < 1 << 63
+    assert a != session_tag("job-2", "a" * 64)
+    assert a != session_tag("job-1", "b" * 64)
+    assert description_sha256(party_pb2.JobDescription(job_id="x")) != description_sha256(
+        party_pb2.JobDescription(job_id="y"))
