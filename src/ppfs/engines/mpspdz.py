@@ -65,6 +65,7 @@ from ppfs.engines.base import (
     Progress,
     Step2AInputs,
 )
+from ppfs.engines.mpspdz_release import cpu_bin_dirs
 from ppfs.errors import EngineError, IntegrityError, ParameterError, ShareFormatError
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs.sharing import ShareBundle
@@ -333,7 +334,16 @@ class MpSpdzEngine:
         return b.is_file() and os.access(b, os.X_OK)
 
     def _binary(self, security: Security) -> Path:
-        return self.home / PROTOCOLS[security].binary
+        """Top level (a local build), else under bin/ as a release tarball has them."""
+        name = PROTOCOLS[security].binary
+        top = self.home / name
+        if top.is_file():
+            return top
+        for sub in cpu_bin_dirs():
+            packaged = self.home / "bin" / sub / name
+            if packaged.is_file():
+                return packaged
+        return top
 
     # ------------------------------------------------------------------ compile
     async def compile(
