@@ -7,6 +7,7 @@ import asyncio
 import csv
 import importlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -16,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ppfs.engines.base import Engine
-from ppfs.engines.mpspdz_release import DEFAULT_VERSION, ReleaseError, install_root
+from ppfs.engines.mpspdz_release import (
+    DEFAULT_VERSION,
+    ReleaseError,
+    install_root,
+    installed_homes,
+)
 from ppfs.engines.mpspdz_release import install as install_release
 from ppfs.engines.registry import (
     ENGINE_NAMES,
@@ -196,6 +202,8 @@ def _engine_status(args: argparse.Namespace) -> int:
         if name == "mp-spdz":
             entry["home"] = str(mpspdz_home())
             entry["looked_in"] = [f"{h} ({why})" for h, why in mpspdz_candidates()]
+            if not installed_homes() and "MPSPDZ_HOME" not in os.environ:
+                entry["looked_in"].append(f"{install_root()}/<version> (none installed)")
         report[name] = entry
     report["default"] = default_engine_name()
     if args.json:

@@ -319,7 +319,8 @@ class MpSpdzEngine:
     # ------------------------------------------------------------------ availability
     def unavailable_reason(self) -> str | None:
         if not self.home.is_dir():
-            return f"MP-SPDZ home {self.home} does not exist (set MPSPDZ_HOME)"
+            return (f"MP-SPDZ home {self.home} does not exist (set MPSPDZ_HOME, or run "
+                    "ppfs engine install mp-spdz)")
         if not (self.home / "compile.py").is_file() or not (self.home / "Compiler").is_dir():
             return f"MP-SPDZ compiler (compile.py, Compiler/) not found in {self.home}"
         if not any(self._binary(s).is_file() for s in PROTOCOLS):
