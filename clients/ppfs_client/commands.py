@@ -15,9 +15,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ppfs.errors import InputDataError, ParameterError, PpfsError
+from ppfs.jobflags import (
+    ENGINE_PREFERENCE,
+    add_training_flags,
+    best_engine,
+    train_params_from_flags,
+)
 from ppfs.table import read_csv, read_features
 from ppfs_client.keys import ClientKeys
+from ppfs_client.progress import FINAL_STATES, JobProgressView, change_line, signature
 from ppfs_client.sdk import ApiError, GatewayClient, OwnerTable
 
 EXIT_FAILED = 1
@@ -87,13 +96,17 @@ def add_commands(sub: Any) -> None:
         choices=["passive-3pc", "active-3pc", "active-4pc", "passive-4pc"],
         default="passive-3pc",
     )
-    sj.add_argument("--engine", choices=["mp-spdz", "mpyc"], default="mp-spdz")
+    sj.add_argument(
+        "--engine",
+        choices=list(ENGINE_PREFERENCE),
+        default=None,
+        help="default: the best engine every party offers for this security setting "
+        "(mp-spdz, else mpyc), from the gateway's /v1/deployment",
+    )
     sj.add_argument(
         "--mask-upload", metavar="UPLOAD_ID", help="masks made before (default: make them now)"
     )
-    sj.add_argument("--epochs", type=int, help="Step 2B: train logistic regression on D'")
-    sj.add_argument("--batch-size", type=int, default=32)
-    sj.add_argument("--learning-rate", type=float, default=0.1)
+    add_training_flags(sj)
     sj.add_argument("--watch", action="store_true", help="then watch it to the end")
     _conn_args(sj)
     sj.set_defaults(func=_jobs_submit)
@@ -210,9 +223,18 @@ def _upload(args: argparse.Namespace) -> int:
                         f"{args.data}: columns differ from data set {schema_src}'s schema"
                     )
                 exponents = schema["column_exponents"]
+        dep = client.deployment()
+        try:  # a value the encoding cannot hold is refused before anything is created
+            fp = dep.fixed_point
+            exps = exponents if exponents is not None else fp.choose_exponents(
+                table.x, table.columns)
+            fp.encode(table.x, np.asarray(exps, dtype=np.int64), table.columns)
+        except InputDataError as exc:
+            raise InputDataError(f"{args.data}: {exc}") from None
         dataset_id = args.into or client.create_dataset(args.dataset)["id"]
         with _UploadBar(enabled=sys.stderr.isatty() and not args.json) as bar:
-            ds = client.upload_table(keys, table, dataset_id, exponents=exponents, progress=bar)
+            ds = client.upload_table(keys, table, dataset_id, exponents=exponents,
+                                     deployment=dep, progress=bar)
     _out(
         args,
         ds,
@@ -309,21 +331,24 @@ def _job_line(j: dict[str, Any]) -> str:
 @_guard
 def _jobs_submit(args: argparse.Namespace) -> int:
     keys = _keys(args)
+    train = train_params_from_flags(args)
     training = None
-    if args.epochs is not None:
+    if train is not None:
         training = {
-            "epochs": args.epochs,
-            "batch_size": args.batch_size,
-            "learning_rate": args.learning_rate,
+            "epochs": train.epochs,
+            "batch_size": train.batch,
+            "learning_rate": train.lr,
+            "seed": train.seed,
         }
     with _client(args) as client:
+        engine = args.engine or _default_engine(client, args.security)
         job = client.submit(
             keys,
             args.dataset,
             label=args.label,
             k=args.k,
             security=args.security,
-            engine=args.engine,
+            engine=engine,
             combination=args.combination,
             training=training,
             mask_upload_id=args.mask_upload,
@@ -331,8 +356,20 @@ def _jobs_submit(args: argparse.Namespace) -> int:
         if not args.watch:
             _out(args, job, job["id"])
             return 0
-        print(f"job {job['id']} submitted", file=sys.stderr)
+        print(f"job {job['id']} submitted ({args.security} on {engine})", file=sys.stderr)
         return _watch(client, job["id"], args.json)
+
+
+def _default_engine(client: GatewayClient, security: str) -> str:
+    """The best engine every party of the deployment offers that runs ``security``."""
+    parties = client.deployment().parties
+    engine = best_engine((p.engines for p in parties), security)
+    if engine is None:
+        offered = "; ".join(f"{p.name}: {', '.join(p.engines) or 'none'}" for p in parties)
+        raise ParameterError(
+            f"no engine that every party offers runs {security} (parties offer {offered})"
+        )
+    return engine
 
 
 @_guard
@@ -366,41 +403,20 @@ def _jobs_watch(args: argparse.Namespace) -> int:
 
 
 def _watch(client: GatewayClient, job_id: str, as_json: bool) -> int:
-    last: dict[str, Any] | None = None
-    live = sys.stderr.isatty() and not as_json
-    if live:
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn
-
-        with Progress(
-            TextColumn("{task.description:>6}"),
-            BarColumn(),
-            TextColumn("{task.percentage:>3.0f}%  {task.fields[phase]}"),
-            console=Console(stderr=True),
-        ) as bar:
-            tasks: dict[int, Any] = {}
-            for job in client.events(job_id):
-                last = job
-                for p in job["parties"]:
-                    if p["index"] not in tasks:
-                        tasks[p["index"]] = bar.add_task(p["name"], total=1.0, phase="")
-                    bar.update(
-                        tasks[p["index"]],
-                        completed=p["progress"],
-                        phase=f"{p['state']}: {p['phase']}",
-                    )
-    else:
-        for job in client.events(job_id):
-            last = job
-            if as_json:
-                print(json.dumps(job), flush=True)
-            else:
-                print(_job_line(job), flush=True)
-    if last is None:
+    """Live lines per party on a terminal, one line per change otherwise; then the
+    final state on stdout and, when it succeeded, the command that fetches the result."""
+    view = JobProgressView(as_json=as_json)
+    last = view.follow(client.events(job_id))
+    if last is None or last["state"] not in FINAL_STATES:
         last = client.get_job(job_id)
-    if live:
-        print(_job_line(last))
-    return 0 if last["state"] == "succeeded" else EXIT_FAILED
+    if view.printed != signature(last):  # the final state, unless just printed
+        print(json.dumps(last) if as_json else change_line(last))
+    if last["state"] != "succeeded":
+        _err(f"job {job_id} {last['state']}: {last['error'] or 'no reason given'}")
+        return EXIT_FAILED
+    nxt = f"next: ppfs result fetch {job_id}"
+    print(nxt, file=sys.stderr if as_json else sys.stdout)
+    return 0
 
 
 @_guard

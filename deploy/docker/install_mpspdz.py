@@ -3,8 +3,10 @@
 MPSPDZ_SOURCE selects where they come from:
 
 - ``tarball``: the official release ``mp-spdz-<MPSPDZ_VERSION>.tar.xz`` from MPSPDZ_URL,
-  checked against MPSPDZ_SHA256 before anything is unpacked; its statically linked
-  binaries from ``bin/<MPSPDZ_BIN_DIR>/``.
+  checked against MPSPDZ_SHA256 (else the hash ppfs pins for the version) before
+  anything is unpacked; its statically linked binaries from ``bin/<MPSPDZ_BIN_DIR>/``.
+  Fetching, checking and safe unpacking are ppfs's own release installer
+  (``src/ppfs/engines/mpspdz_release.py``, also behind ``ppfs engine install``).
 - ``local``: an already-built MP-SPDZ copied into the build context (MPSPDZ_LOCAL_DIR,
   staged by deploy/offline-build/build-images.sh); nothing is built here.
 - ``none``: no MP-SPDZ; the image runs the MPyC engine only.
@@ -15,14 +17,14 @@ Only the three party binaries, ``libSPDZ.so`` (local builds link it), ``compile.
 
 from __future__ import annotations
 
-import hashlib
+import importlib.util
 import os
 import re
 import shutil
 import sys
-import tarfile
-import urllib.request
+import tempfile
 from pathlib import Path
+from types import ModuleType
 
 BINARIES = ("replicated-ring-party.x", "sy-rep-ring-party.x", "rep4-ring-party.x")
 # fixed paths inside the build container (overridable for the project's tests)
@@ -35,59 +37,57 @@ def fail(message: str) -> None:
     raise SystemExit(1)
 
 
+def release_module() -> ModuleType:
+    """ppfs's release installer (stdlib only): next to this file in the image build,
+    src/ppfs/engines/ in a checkout."""
+    here = Path(__file__).resolve().parent
+    for cand in (here / "mpspdz_release.py",
+                 here.parents[1] / "src" / "ppfs" / "engines" / "mpspdz_release.py"):
+        if cand.is_file():
+            spec = importlib.util.spec_from_file_location("mpspdz_release", cand)
+            if spec is None or spec.loader is None:
+                break
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            return mod
+    fail("mpspdz_release.py (ppfs's release installer) is missing next to this script")
+    raise AssertionError  # unreachable
+
+
 def from_tarball() -> None:
+    release = release_module()
     version = os.environ["MPSPDZ_VERSION"]
-    url = os.environ["MPSPDZ_URL"]
-    expected = os.environ.get("MPSPDZ_SHA256", "").strip().lower()
+    url = os.environ.get("MPSPDZ_URL") or None
+    given = os.environ.get("MPSPDZ_SHA256", "").strip().lower()
     bin_dir = os.environ.get("MPSPDZ_BIN_DIR", "Linux-amd64")
-    if not re.fullmatch(r"[0-9a-f]{64}", expected):
+    if given and not re.fullmatch(r"[0-9a-f]{64}", given):
         fail(
-            f"MPSPDZ_SHA256 is not a SHA-256 (got {expected!r}): pass --build-arg "
+            f"MPSPDZ_SHA256 is not a SHA-256 (got {given!r}): pass --build-arg "
             f"MPSPDZ_SHA256=<hash of mp-spdz-{version}.tar.xz>, verified against the GitHub "
             "release, or build with MPSPDZ_SOURCE=local|none"
         )
-    archive = DEST.parent / "mp-spdz-download.tar.xz"
-    print(f"install_mpspdz: downloading {url}", file=sys.stderr)
-    with urllib.request.urlopen(url, timeout=300) as resp, open(archive, "wb") as out:  # noqa: S310
-        shutil.copyfileobj(resp, out, 1 << 20)
-    digest = hashlib.sha256()
-    with open(archive, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != expected:
-        fail(
-            f"SHA-256 mismatch for {url}: got {digest.hexdigest()}, pinned {expected}. "
-            "Refusing to install it."
-        )
-    top = f"mp-spdz-{version}/"
-    wanted = {f"{top}bin/{bin_dir}/{b}": b for b in BINARIES}
-    wanted[f"{top}compile.py"] = "compile.py"
+    wanted = {f"bin/{bin_dir}/{b}": b for b in BINARIES}
+    wanted["compile.py"] = "compile.py"
+
+    def select(rel: str) -> str | None:
+        if rel in wanted:
+            return wanted[rel]
+        return rel if rel == "Compiler" or rel.startswith("Compiler/") else None
+
     DEST.mkdir(parents=True, exist_ok=True)
-    found: set[str] = set()
-    with tarfile.open(archive, "r:xz") as tar:
-        for member in tar:
-            name = member.name.removeprefix("./")
-            rel = None
-            if name in wanted and member.isfile():
-                rel = wanted[name]
-            elif name.startswith(f"{top}Compiler/") and (member.isfile() or member.isdir()):
-                rel = name[len(top):]
-            if rel is None:
-                continue
-            target = DEST / rel
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            src = tar.extractfile(member)
-            if src is None:
-                continue
-            with src, open(target, "wb") as out:
-                shutil.copyfileobj(src, out)
-            target.chmod(0o755 if rel in BINARIES or rel == "compile.py" else 0o644)
-            found.add(rel.split("/")[0])
-    archive.unlink()
-    missing = {*BINARIES, "compile.py", "Compiler"} - found
+    try:
+        expected = release.expected_sha256(version, given or None)
+        with tempfile.TemporaryDirectory(dir=DEST.parent) as tmp:
+            print(f"install_mpspdz: fetching {url or 'the official release'}", file=sys.stderr)
+            archive = release.fetch(url, version, Path(tmp))
+            release.verify(archive, expected)
+            found = release.extract(archive, version, DEST, select)
+    except release.ReleaseError as exc:
+        fail(f"{exc} (build arguments: MPSPDZ_SHA256, MPSPDZ_URL, MPSPDZ_VERSION)")
+    for name in (*BINARIES, "compile.py"):
+        if (DEST / name).is_file():
+            (DEST / name).chmod(0o755)
+    missing = {*BINARIES, "compile.py", "Compiler"} - {f.split("/")[0] for f in found}
     if missing:
         fail(f"the tarball lacks {sorted(missing)} (layout changed? MPSPDZ_BIN_DIR={bin_dir})")
 

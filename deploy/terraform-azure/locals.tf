@@ -16,8 +16,8 @@ locals {
 
   mpc_port_range = var.party_count == 1 ? tostring(var.mpc_port_base) : "${var.mpc_port_base}-${var.mpc_port_base + var.party_count - 1}"
 
-  key_vault_name = element(split("/", var.key_vault_id), 8)
-  key_vault_uri  = "https://${local.key_vault_name}.vault.azure.net"
+  key_vault_name   = element(split("/", var.key_vault_id), 8)
+  key_vault_uri    = "https://${local.key_vault_name}.vault.azure.net"
   acr_login_server = var.acr_id == null ? "" : "${lower(element(split("/", var.acr_id), 8))}.azurecr.io"
 
   gateway_dns_label = coalesce(var.gateway_dns_label, var.name_prefix)

@@ -7,6 +7,7 @@ import asyncio
 import csv
 import importlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -16,7 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from ppfs.engines.base import Engine
-from ppfs.engines.registry import ENGINE_NAMES, default_engine_name, get_engine, mpspdz_home
+from ppfs.engines.mpspdz_release import (
+    DEFAULT_VERSION,
+    ReleaseError,
+    install_root,
+    installed_homes,
+)
+from ppfs.engines.mpspdz_release import install as install_release
+from ppfs.engines.registry import (
+    ENGINE_NAMES,
+    default_engine_name,
+    engine_unavailable_reason,
+    get_engine,
+    mpspdz_candidates,
+    mpspdz_home,
+)
 from ppfs.errors import (
     EngineError,
     EngineUnavailableError,
@@ -25,6 +40,7 @@ from ppfs.errors import (
     PpfsError,
 )
 from ppfs.fixedpoint import FixedPoint
+from ppfs.jobflags import add_training_flags, train_params_from_flags
 from ppfs.local import Selection, run_select
 from ppfs.step2a import Security, Step2AShape
 from ppfs.step2b import TrainParams
@@ -59,6 +75,27 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--classes", type=int, default=2)
     demo.add_argument("--seed", type=int, default=7)
     _job_args(demo, need_label=False, default_k=5)
+
+    eng = sub.add_parser("engine", help="install MP-SPDZ; say which engines are usable")
+    esub = eng.add_subparsers(dest="engine_command", required=True)
+    ins = esub.add_parser(
+        "install",
+        help="download, verify and unpack an official MP-SPDZ release for ppfs",
+        description="Fetch the official release tarball mp-spdz-VERSION.tar.xz (or take "
+        "--from URL|FILE), check its SHA-256 (--sha256, or the hash pinned in ppfs for that "
+        "version) before unpacking anything, and unpack it into "
+        f"{install_root()}/VERSION, where ppfs then finds it.",
+    )
+    ins.add_argument("engine", choices=["mp-spdz"])
+    ins.add_argument("--version", default=DEFAULT_VERSION, help=f"default {DEFAULT_VERSION}")
+    ins.add_argument("--from", dest="source", metavar="URL|FILE", default=None,
+                     help="a local copy or another URL of the release tarball")
+    ins.add_argument("--sha256", metavar="HEX", default=None,
+                     help="the tarball's SHA-256, as verified from the release page")
+    ins.set_defaults(func=_engine_install)
+    st = esub.add_parser("status", help="which engines are usable here, and why not")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
+    st.set_defaults(func=_engine_status)
 
     for module in _COMMAND_MODULES:
         try:
@@ -99,7 +136,8 @@ def _job_args(
         "--engine",
         choices=ENGINE_NAMES,
         default=None,
-        help="default: mp-spdz when found (MPSPDZ_HOME, else /opt/mp-spdz), else mpyc",
+        help="default: the best engine usable here, mp-spdz when found ($MPSPDZ_HOME, else "
+        "/opt/mp-spdz, else installed by `ppfs engine install mp-spdz`), else mpyc",
     )
     p.add_argument("--frac-bits", type=int, default=16, help="fixed-point fractional bits f")
     p.add_argument(
@@ -110,20 +148,8 @@ def _job_args(
         help="write D' (the selected columns, best first) and the label column",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    tr = p.add_argument_group(
-        "Step 2B", "train logistic regression inside MPC on the selected features; only you "
-        "receive the model (weights per column in original units, zero for the columns not "
-        "selected, and the intercept)")
-    tr.add_argument("--train", action="store_true", help="also train (Step 2B)")
-    tr.add_argument("--epochs", type=int, default=None,
-                    help=f"passes over the data (default {TrainParams.epochs})")
-    tr.add_argument("--lr", type=float, default=None,
-                    help=f"learning rate (default {TrainParams.lr})")
-    tr.add_argument("--batch", type=int, default=None,
-                    help=f"mini-batch size (default {TrainParams.batch})")
-    tr.add_argument("--train-seed", type=int, default=None,
-                    help="seed of the public batch order (default 0)")
-    tr.add_argument("--no-reduced", action="store_true",
+    add_training_flags(p)
+    p.add_argument("--no-reduced", action="store_true",
                     help="keep D' inside MPC: reveal only the selection and the model")
     p.add_argument(
         "--workdir",
@@ -141,34 +167,89 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             return _demo(args)
         table = read_csv(args.data, args.label)
-        return _select(args, table)
+        return _select(args, table, source=str(args.data))
     except (InputDataError, ParameterError, EngineUnavailableError) as exc:
         print(f"ppfs: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 
+def _engine_install(args: argparse.Namespace) -> int:
+    def log(msg: str) -> None:
+        print(f"ppfs: {msg}", file=sys.stderr)
+
+    try:
+        home = install_release(args.version, args.source, args.sha256, log=log)
+    except ReleaseError as exc:
+        print(f"ppfs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"ppfs: MP-SPDZ {args.version} installed in {home}", file=sys.stderr)
+    if mpspdz_home() != home:
+        print(f"ppfs: note: {mpspdz_home()} comes first in engine discovery "
+              "(MPSPDZ_HOME, then /opt/mp-spdz, then installed releases)", file=sys.stderr)
+    return _engine_status(argparse.Namespace(json=False))
+
+
+def _engine_status(args: argparse.Namespace) -> int:
+    report: dict[str, Any] = {}
+    for name in ENGINE_NAMES:
+        reason = engine_unavailable_reason(name)
+        entry: dict[str, Any] = {"usable": reason is None}
+        if reason is None:
+            eng = get_engine(name)
+            entry["securities"] = [s.value for s in Security if eng.supports(s)]
+        else:
+            entry["reason"] = reason
+        if name == "mp-spdz":
+            entry["home"] = str(mpspdz_home())
+            entry["looked_in"] = [f"{h} ({why})" for h, why in mpspdz_candidates()]
+            if not installed_homes() and "MPSPDZ_HOME" not in os.environ:
+                entry["looked_in"].append(f"{install_root()}/<version> (none installed)")
+        report[name] = entry
+    report["default"] = default_engine_name()
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    for name in ENGINE_NAMES:
+        e = report[name]
+        if e["usable"]:
+            where = f" at {e['home']}" if "home" in e else ""
+            print(f"{name}: usable{where}: {', '.join(e['securities'])}")
+        else:
+            print(f"{name}: not usable: {e['reason']}")
+            if name == "mp-spdz":
+                print("  looked in: " + "; ".join(e["looked_in"]))
+                print("  install it with: ppfs engine install mp-spdz --sha256 <hash>")
+    print(f"default engine: {report['default']}")
+    return 0
+
+
 def _resolve_engine(name: str | None, security: Security) -> Engine:
-    chosen = name or default_engine_name()
+    chosen = name or default_engine_name(security.value)
     engine = get_engine(chosen)
     reason = engine.unavailable_reason()
     if reason is not None:
-        raise EngineUnavailableError(f"engine {chosen} is not usable: {reason}")
+        hint = "; see ppfs engine status" if chosen == "mp-spdz" else ""
+        raise EngineUnavailableError(f"engine {chosen} is not usable: {reason}{hint}")
     if not engine.supports(security):
         raise EngineUnavailableError(f"engine {chosen} does not support {security.value}")
     where = f" (found at {mpspdz_home()})" if chosen == "mp-spdz" else ""
-    how = (
-        ""
-        if name
-        else ", the default here"
-        + ("" if chosen == "mp-spdz" else " because MP-SPDZ was not found")
-    )
+    why = ""
+    if chosen != "mp-spdz":
+        why = (" because MP-SPDZ was not found (ppfs engine status)"
+               if engine_unavailable_reason("mp-spdz") else
+               f" because MP-SPDZ does not run {security.value}")
+    how = "" if name else ", the default here" + why
     print(f"ppfs: engine {chosen}{where}{how}", file=sys.stderr)
     return engine
 
 
-def _select(args: argparse.Namespace, table: LabelledTable) -> int:
+def _select(args: argparse.Namespace, table: LabelledTable, source: str = "input") -> int:
     security = Security(args.security)
     fp = FixedPoint(frac_bits=args.frac_bits)
+    try:  # a value no scale can encode is bad input: refuse it before anything starts
+        fp.choose_exponents(table.x, table.columns)
+    except InputDataError as exc:
+        raise InputDataError(f"{source}: {exc}") from None
     train = _train_params(args)
     reveal_reduced = not args.no_reduced
     # validates k, the shape and the training parameters
@@ -208,19 +289,10 @@ def _select(args: argparse.Namespace, table: LabelledTable) -> int:
 
 
 def _train_params(args: argparse.Namespace) -> TrainParams | None:
-    given = [n for n in ("epochs", "lr", "batch", "train_seed") if getattr(args, n) is not None]
-    if not args.train:
-        if given or args.no_reduced:
-            flag = "--" + given[0].replace("_", "-") if given else "--no-reduced"
-            raise ParameterError(f"{flag} needs --train")
-        return None
-    d = TrainParams()
-    return TrainParams(
-        epochs=args.epochs if args.epochs is not None else d.epochs,
-        batch=args.batch if args.batch is not None else d.batch,
-        lr=args.lr if args.lr is not None else d.lr,
-        seed=args.train_seed if args.train_seed is not None else d.seed,
-    )
+    train = train_params_from_flags(args)
+    if train is None and args.no_reduced:
+        raise ParameterError("--no-reduced needs --train")
+    return train
 
 
 def _report(args: argparse.Namespace, sel: Selection, seconds: float,
@@ -293,7 +365,7 @@ def _demo(args: argparse.Namespace) -> int:
         f"{table.n_classes} classes; keeping k={args.k}",
         file=sys.stderr,
     )
-    rc = _select(args, table)
+    rc = _select(args, table, source="demo data")
     if rc == 0 and not args.json:
         plain = oracle.ms_gini_top_k(table.x, table.y, table.n_classes, args.k)
         print(

@@ -7,6 +7,7 @@ Every problem is reported as :class:`InputDataError` naming the column and row
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,19 +56,37 @@ def read_features(path: Path) -> tuple[tuple[str, ...], np.ndarray]:
     return tuple(header), _numeric(header, body, list(range(len(header))), str(path))
 
 
+# Cells read as a missing value, in a feature and in the label alike.
+MISSING = frozenset({"", "?", "NA", "N/A", "NaN", "nan", "null", "NULL", "None"})
+# Separators other tools write; ppfs reads comma-separated files only.
+_OTHER_SEPARATORS = {";": "semicolon", "\t": "tab", "|": "pipe"}
+
+
 def _read_rows(path: Path) -> tuple[list[str], list[list[str]]]:
     """Header and data rows; refuses an unreadable, empty or ragged file."""
+    if path.is_dir():
+        raise InputDataError(f"{path}: is a directory, not a CSV file")
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        # utf-8-sig: a byte-order mark (spreadsheet exports) is not part of the first name
+        with open(path, newline="", encoding="utf-8-sig") as fh:
             rows = list(csv.reader(fh))
     except FileNotFoundError:
         raise InputDataError(f"{path}: no such file") from None
     except (UnicodeDecodeError, csv.Error) as exc:
         raise InputDataError(f"{path}: not a readable CSV file ({exc})") from None
+    except OSError as exc:
+        raise InputDataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     rows = [r for r in rows if r and any(cell.strip() for cell in r)]
     if not rows:
         raise InputDataError(f"{path}: the file is empty")
     header = [h.strip() for h in rows[0]]
+    if len(header) == 1:
+        for sep, name in _OTHER_SEPARATORS.items():
+            if sep in header[0]:
+                raise InputDataError(
+                    f"{path}: the header is one column {header[0][:40]!r}: the file looks "
+                    f"{name}-separated; ppfs reads comma-separated CSV (save it with commas)"
+                )
     body = rows[1:]
     if not body:
         raise InputDataError(f"{path}: the file has a header but no data rows")
@@ -88,14 +107,19 @@ def _numeric(header: list[str], body: list[list[str]], cols: list[int], source: 
     for i, r in enumerate(body, start=1):
         for t, j in enumerate(cols):
             cell = r[j].strip()
-            if cell == "" or cell in {"?", "NA", "NaN", "nan", "null"}:
+            if cell in MISSING:
                 raise InputDataError(f"{source}: column {header[j]!r}, row {i}: missing value")
             try:
-                x[i - 1, t] = float(cell)
+                v = float(cell)
             except ValueError:
                 raise InputDataError(
                     f"{source}: column {header[j]!r}, row {i}: {cell[:20]!r} is not numeric"
                 ) from None
+            if not math.isfinite(v):
+                raise InputDataError(
+                    f"{source}: column {header[j]!r}, row {i}: {cell[:20]!r} is not a finite number"
+                )
+            x[i - 1, t] = v
     return x
 
 
@@ -103,7 +127,14 @@ def table_from_rows(
     header: list[str], body: list[list[str]], label: str, *, source: str = "input"
 ) -> LabelledTable:
     if label not in header:
-        raise ParameterError(f"{source}: label column {label!r} is not in the header")
+        near = [h for h in header if h.casefold() == label.casefold()]
+        hint = (
+            f"; did you mean {near[0]!r}?"
+            if near
+            else "; the columns are " + ", ".join(repr(h) for h in header[:12])
+            + (", ..." if len(header) > 12 else "")
+        )
+        raise ParameterError(f"{source}: label column {label!r} is not in the header{hint}")
     li = header.index(label)
     feat_idx = [j for j in range(len(header)) if j != li]
     if not feat_idx:
@@ -111,8 +142,9 @@ def table_from_rows(
     x = _numeric(header, body, feat_idx, source)
     labels = [r[li].strip() for r in body]
     for i, v in enumerate(labels, start=1):
-        if v == "":
+        if v in MISSING:
             raise InputDataError(f"{source}: label column {label!r}, row {i}: missing value")
+    labels = _canonical_labels(labels)
     classes = _sorted_classes(labels)
     if len(classes) < 2:
         raise InputDataError(
@@ -123,6 +155,17 @@ def table_from_rows(
     y = np.array([index[v] for v in labels], dtype=np.int64)
     columns = tuple(header[j] for j in feat_idx)
     return LabelledTable(columns, x, label, tuple(classes), y)
+
+
+def _canonical_labels(labels: list[str]) -> list[str]:
+    """Numeric labels name their value, so ``1``, ``1.0`` and ``01`` are one class."""
+    try:
+        values = [float(v) for v in labels]
+    except ValueError:
+        return labels  # categorical labels are taken as written
+    if not all(math.isfinite(v) for v in values):
+        return labels
+    return [str(int(v)) if v.is_integer() else repr(v) for v in values]
 
 
 def _sorted_classes(labels: list[str]) -> list[str]:

@@ -130,6 +130,9 @@ def _up(args: argparse.Namespace) -> int:
 
     try:
         return asyncio.run(run_stack(args))
+    except ParameterError as exc:
+        print(f"ppfs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except PpfsError as exc:
         print(f"ppfs: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -142,6 +145,9 @@ def _demo(args: argparse.Namespace) -> int:
 
     try:
         return asyncio.run(run_demo(args))
+    except ParameterError as exc:
+        print(f"ppfs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except PpfsError as exc:
         print(f"ppfs: error: {exc}", file=sys.stderr)
         return EXIT_FAILED

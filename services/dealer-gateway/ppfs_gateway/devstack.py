@@ -22,6 +22,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -32,7 +33,7 @@ import httpx
 
 from ppfs.durable import free_ports
 from ppfs.engines.base import PARTY_NAMES
-from ppfs.errors import PpfsError
+from ppfs.errors import ParameterError, PpfsError
 
 PRINCIPALS = (
     ("data_owner", "owner-a"),
@@ -115,6 +116,21 @@ def prepare(root: Path, parties: int) -> StackLayout:
     return layout
 
 
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """Refuse a busy gateway port up front, naming it (0: any free port, always fine)."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # as uvicorn binds: a port left in TIME_WAIT by an earlier run is not busy
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            raise ParameterError(
+                f"port {port} is in use; pass --port (another port, or 0 for any free one)"
+            ) from None
+
+
 class Stack:
     """The running processes of a local stack."""
 
@@ -139,6 +155,12 @@ class Stack:
             if path.exists() and path.read_text().strip():
                 return int(path.read_text())
             if proc.returncode is not None:
+                log = self.layout.root / "logs" / (name + ".log")
+                with contextlib.suppress(OSError):
+                    if b"address already in use" in log.read_bytes()[-4000:].lower():
+                        raise ParameterError(
+                            f"{name}: its port is in use; pass --port (another port, or 0)"
+                        )
                 raise PpfsError(
                     f"{name} exited with code {proc.returncode} while starting; "
                     f"see {self.layout.root / 'logs' / (name + '.log')}"
@@ -220,6 +242,7 @@ class Stack:
 
 
 async def run_stack(args: argparse.Namespace) -> int:
+    check_port_free(args.port)
     layout = await asyncio.to_thread(prepare, args.state_dir, args.parties)
     stack = Stack(layout)
     try:
@@ -261,6 +284,8 @@ async def run_demo(args: argparse.Namespace) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="ppfs-demo-")
         root = Path(tmp.name)
     try:
+        if args.state_dir is not None:
+            check_port_free(args.port)
         layout = await asyncio.to_thread(prepare, root, args.parties)
         stack = Stack(layout)
         try:
@@ -278,6 +303,7 @@ async def run_demo(args: argparse.Namespace) -> int:
 def _demo_flow(stack: Stack, layout: StackLayout, args: argparse.Namespace, engine: str) -> int:
     import numpy as np
     from ppfs_client.keys import ClientKeys
+    from ppfs_client.progress import JobProgressView
     from ppfs_client.sdk import GatewayClient, OwnerTable
 
     from ppfs.oracle import ms_gini_top_k
@@ -327,14 +353,8 @@ def _demo_flow(stack: Stack, layout: StackLayout, args: argparse.Namespace, engi
         steps = "Step 2A + 2B" if training else "Step 2A"
         print(f"demo: job {job['id']} submitted: {steps}, {security} on {engine}",
               file=sys.stderr)  # fmt: skip
-        last = job
-        for ev in analyst.events(job["id"]):
-            if ev["parties"] != last["parties"] or ev["state"] != last["state"]:
-                progress = "  ".join(
-                    f"{p['name']} {p['state']} {100 * p['progress']:.0f}%" for p in ev["parties"]
-                )
-                print(f"demo: {ev['state']:9}  {progress}", file=sys.stderr)
-            last = ev
+        # one live line per party on a terminal; one line per change otherwise
+        JobProgressView(plain=sys.stderr).follow(analyst.events(job["id"]))
         final = analyst.get_job(job["id"])
         if final["state"] != "succeeded":
             print(f"ppfs: error: job {final['state']}: {final['error']}", file=sys.stderr)

@@ -65,6 +65,7 @@ from ppfs.engines.base import (
     Progress,
     Step2AInputs,
 )
+from ppfs.engines.mpspdz_release import cpu_bin_dirs
 from ppfs.errors import (
     EngineError,
     IntegrityError,
@@ -332,7 +333,8 @@ class MpSpdzEngine:
     # ------------------------------------------------------------------ availability
     def unavailable_reason(self) -> str | None:
         if not self.home.is_dir():
-            return f"MP-SPDZ home {self.home} does not exist (set MPSPDZ_HOME)"
+            return (f"MP-SPDZ home {self.home} does not exist (set MPSPDZ_HOME, or run "
+                    "ppfs engine install mp-spdz)")
         if not (self.home / "compile.py").is_file() or not (self.home / "Compiler").is_dir():
             return f"MP-SPDZ compiler (compile.py, Compiler/) not found in {self.home}"
         if not any(self._binary(s).is_file() for s in PROTOCOLS):
@@ -347,7 +349,16 @@ class MpSpdzEngine:
         return b.is_file() and os.access(b, os.X_OK)
 
     def _binary(self, security: Security) -> Path:
-        return self.home / PROTOCOLS[security].binary
+        """Top level (a local build), else under bin/ as a release tarball has them."""
+        name = PROTOCOLS[security].binary
+        top = self.home / name
+        if top.is_file():
+            return top
+        for sub in cpu_bin_dirs():
+            packaged = self.home / "bin" / sub / name
+            if packaged.is_file():
+                return packaged
+        return top
 
     # ------------------------------------------------------------------ compile
     async def compile(

@@ -1,4 +1,9 @@
-"""Finding an engine: MP-SPDZ when installed (MPSPDZ_HOME, else /opt/mp-spdz), else MPyC."""
+"""Finding an engine: MP-SPDZ when installed, else MPyC.
+
+MP-SPDZ is looked for at ``$MPSPDZ_HOME`` (only there when set), else
+``/opt/mp-spdz``, else the newest release installed by ``ppfs engine install
+mp-spdz`` (``~/.cache/ppfs/mp-spdz/<version>``).
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,31 @@ import os
 from pathlib import Path
 
 from ppfs.engines.base import Engine
+from ppfs.engines.mpspdz_release import installed_homes
 from ppfs.errors import EngineUnavailableError
+from ppfs.jobflags import ENGINE_PREFERENCE
 
-DEFAULT_MPSPDZ_HOME = Path("/opt/mp-spdz")
-ENGINE_NAMES = ("mp-spdz", "mpyc")
+SYSTEM_MPSPDZ_HOME = Path("/opt/mp-spdz")
+DEFAULT_MPSPDZ_HOME = SYSTEM_MPSPDZ_HOME  # older name
+ENGINE_NAMES = ENGINE_PREFERENCE
+
+
+def mpspdz_candidates() -> list[tuple[Path, str]]:
+    """Where MP-SPDZ is looked for, in order, with how each place was chosen."""
+    env = os.environ.get("MPSPDZ_HOME")
+    if env:
+        return [(Path(env), "MPSPDZ_HOME")]
+    return [(SYSTEM_MPSPDZ_HOME, "the system location"),
+            *((h, "installed by ppfs engine install") for h in installed_homes())]
 
 
 def mpspdz_home() -> Path:
-    env = os.environ.get("MPSPDZ_HOME")
-    return Path(env) if env else DEFAULT_MPSPDZ_HOME
+    """The first candidate holding compile.py, else the first candidate."""
+    candidates = mpspdz_candidates()
+    for home, _ in candidates:
+        if (home / "compile.py").is_file():
+            return home
+    return candidates[0][0]
 
 
 def get_engine(name: str) -> Engine:
@@ -31,11 +52,20 @@ def get_engine(name: str) -> Engine:
     )
 
 
-def default_engine_name() -> str:
-    """mp-spdz when it is usable here, else mpyc."""
+def engine_unavailable_reason(name: str) -> str | None:
     try:
-        if get_engine("mp-spdz").unavailable_reason() is None:
-            return "mp-spdz"
-    except ImportError:
-        pass
-    return "mpyc"
+        return get_engine(name).unavailable_reason()
+    except ImportError as exc:
+        return f"not installed ({exc})"
+
+
+def default_engine_name(security: str | None = None) -> str:
+    """The best engine usable here that runs ``security``: mp-spdz when found, else mpyc."""
+    from ppfs.step2a import Security
+
+    for name in ENGINE_PREFERENCE:
+        if engine_unavailable_reason(name) is not None:
+            continue
+        if security is None or get_engine(name).supports(Security(security)):
+            return name
+    return ENGINE_PREFERENCE[-1]
