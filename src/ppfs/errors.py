@@ -41,3 +41,8 @@ class IntegrityError(EngineError):
 
     Raised before anything is revealed.
     """
+
+
+class RangeAbortError(EngineError):
+    """A secure run stopped because a value left the range its fixed-point encoding
+    carries (Step 2B's range checks). Only that one public bit was revealed."""

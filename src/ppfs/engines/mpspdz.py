@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 from cryptography import x509
 
+from ppfs import step2b
 from ppfs.durable import free_ports
 from ppfs.engines.base import (
     INPUT_FILES,
@@ -65,7 +66,13 @@ from ppfs.engines.base import (
     Progress,
     Step2AInputs,
 )
-from ppfs.errors import EngineError, IntegrityError, ParameterError, ShareFormatError
+from ppfs.errors import (
+    EngineError,
+    IntegrityError,
+    ParameterError,
+    RangeAbortError,
+    ShareFormatError,
+)
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs.sharing import ShareBundle
 from ppfs.step2a import Security, Step2AShape, party_input_order
@@ -79,6 +86,8 @@ COMPILE_FLAGS = ("-M",)
 # old entry is never mistaken for a new one.
 CACHE_LAYOUT = b"ppfs-mpspdz-cache-3"
 INTEGRITY_MARKER = b"PPFS-INTEGRITY-FAILURE"
+# Step 2B's range checks (ppfs.step2b): the program prints one of these and stops
+RANGE_MARKERS = {b"PPFS-RANGE-RATIO": "ratio", b"PPFS-RANGE-WEIGHTS": "weights"}
 LOG_CAP = 256 * 1024  # bytes of each party's stdout/stderr kept on disk
 DEFAULT_TIMEOUT = 4 * 3600.0
 GRACE_SECONDS = 3.0  # how long the others may take to stop on their own after a failure
@@ -630,6 +639,10 @@ class MpSpdzEngine:
                     "integrity check failed: two parties' copies of a share component "
                     "disagree (a server altered its share); nothing was revealed",
                 )
+            for marker, kind in RANGE_MARKERS.items():
+                if any(marker in bytes(p.out.kept) for p in parties):
+                    # every party opened the same public bit; none is to blame
+                    raise RangeAbortError(step2b.abort_message(kind))
             culprit = _culprit(parties, failed)
             code = culprit.proc.returncode
             why = (f"was killed by signal {-code}" if code is not None and code < 0
