@@ -375,13 +375,33 @@ def test_cli_refuses_far_from_zero_column(tmp_path: Path, capsys: pytest.Capture
     table = _far_from_zero_table()
     p = tmp_path / "d.csv"
     p.write_text("a,b,c,y\n" + "".join(
-        f"{r[0]!r},{r[1]!r},{r[2]!r},{c}\n" for r, c in zip(table.x, table.y, strict=True)))
+        ",".join(repr(float(v)) for v in r) + f",{c}\n"
+        for r, c in zip(table.x, table.y, strict=True)))
     rc = main(["select", str(p), "--label", "y", "--k", "2", "--train", "--epochs", "1",
                "--engine", engine, "--workdir", str(tmp_path / "w")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert "column 'a'" in err[-1] and "times its spread" in err[-1]
     assert not list((tmp_path / "w").glob("p*/inputs/*.shr"))  # nothing was shared
+
+
+@pytest.mark.parametrize("engine", ["mpyc", "mp-spdz"])
+def test_cli_weight_out_of_range_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         engine: str) -> None:
+    """`ppfs select --train`: a weight past its range stops the secure run (one bit)."""
+    if engine == "mp-spdz" and _reason is not None:
+        pytest.skip(f"MP-SPDZ not available: {_reason}")
+    table = _separable_table()
+    assert _mirror_of(table, 2, WEIGHT_PARAMS).aborted == "weights"
+    p = tmp_path / "d.csv"
+    p.write_text("a,b,c,y\n" + "".join(
+        ",".join(repr(float(v)) for v in r) + f",{c}\n"
+        for r, c in zip(table.x, table.y, strict=True)))
+    rc = main(["select", str(p), "--label", "y", "--k", "2", "--train", "--epochs", "1",
+               "--batch", "2", "--lr", "4", "--weight-bits", "2", "--engine", engine])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err[-1] == f"ppfs: error: {step2b.abort_message('weights')}"
 
 
 def _secure_abort(table: LabelledTable, params: TrainParams, engine: object,

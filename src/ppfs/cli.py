@@ -124,6 +124,10 @@ def _job_args(
                     help=f"mini-batch size (default {TrainParams.batch})")
     tr.add_argument("--train-seed", type=int, default=None,
                     help="seed of the public batch order (default 0)")
+    tr.add_argument("--weight-bits", type=int, default=None,
+                    help="stop with an error if a standardised weight reaches 2^BITS "
+                         f"(1 to {TrainParams.weight_bits}, the default: where the "
+                         "fixed-point products stay in range)")
     tr.add_argument("--no-reduced", action="store_true",
                     help="keep D' inside MPC: reveal only the selection and the model")
     p.add_argument(
@@ -214,7 +218,8 @@ def _select(args: argparse.Namespace, table: LabelledTable) -> int:
 
 
 def _train_params(args: argparse.Namespace) -> TrainParams | None:
-    given = [n for n in ("epochs", "lr", "batch", "train_seed") if getattr(args, n) is not None]
+    given = [n for n in ("epochs", "lr", "batch", "train_seed", "weight_bits")
+             if getattr(args, n) is not None]
     if not args.train:
         if given or args.no_reduced:
             flag = "--" + given[0].replace("_", "-") if given else "--no-reduced"
@@ -226,6 +231,7 @@ def _train_params(args: argparse.Namespace) -> TrainParams | None:
         batch=args.batch if args.batch is not None else d.batch,
         lr=args.lr if args.lr is not None else d.lr,
         seed=args.train_seed if args.train_seed is not None else d.seed,
+        weight_bits=args.weight_bits if args.weight_bits is not None else d.weight_bits,
     )
 
 
