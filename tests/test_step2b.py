@@ -23,7 +23,7 @@ from ppfs.cli import main
 from ppfs.engines.mpspdz import MpSpdzEngine, compile_args
 from ppfs.engines.mpyc_engine import MpycEngine
 from ppfs.engines.registry import mpspdz_home
-from ppfs.errors import ParameterError
+from ppfs.errors import InputDataError, ParameterError, RangeAbortError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.local import Selection, prepare_inputs, run_select
 from ppfs.step2a import Security, Step2AShape, mirror, unmask_all
@@ -138,7 +138,7 @@ def test_shape_outputs_and_program_args() -> None:
         assert args[:6] == ["active-3pc", *shape.program_args()[:5]]
         assert args[14:] == shape.train_args()
         assert all(a.isdigit() for a in args[1:])  # compile.py reads '-' as an option
-    assert len(trained.train_args()) == 2 + 22
+    assert len(trained.train_args()) == 2 + 25
 
 
 def test_unmask_all_splits_the_outputs() -> None:
@@ -290,3 +290,160 @@ def test_cli_train_json(tmp_path: Path) -> None:
     u = x @ np.array([weights[c] for c in t.columns]) + model["models"][0]["intercept"]
     assert res["train_accuracy"] == pytest.approx(float(np.mean((u >= 0) == t.y)))
     assert res["train_accuracy"] > 0.7
+
+
+# ------------------------------------------------------------------ ranges
+
+
+def _far_from_zero_table(m: int = 30) -> LabelledTable:
+    """Column 'a' is 1e6 +- 0.3 and decides the label: MS-GINI selects it first, and
+    its mean is ~3e6 times its spread (the ratio check's range is 2^15)."""
+    rng = np.random.default_rng(11)
+    y = np.arange(m) % 2
+    x = np.column_stack([1e6 + 0.3 * (2 * y - 1) * (0.5 + rng.random(m)),
+                         rng.standard_normal(m), rng.standard_normal(m)])
+    return LabelledTable(("a", "b", "c"), x, "y", ("0", "1"), y)
+
+
+def _separable_table(m: int = 30) -> LabelledTable:
+    """Column 'a' separates the classes: SGD at lr 4 in batches of 2 drives its weight
+    to ~5.9 in one epoch (a weight range of 2^2 = 4 is exceeded by a wide margin)."""
+    rng = np.random.default_rng(5)
+    y = np.arange(m) % 2
+    rng.random(m)  # the draws _separable_table was designed with
+    x = np.column_stack([(2 * y - 1) * (0.1 + rng.random(m)), rng.standard_normal(m),
+                         rng.standard_normal(m)])
+    return LabelledTable(("a", "b", "c"), x, "y", ("0", "1"), y)
+
+
+RATIO_PARAMS = TrainParams(epochs=1, batch=10, lr=0.5)
+WEIGHT_PARAMS = TrainParams(epochs=1, batch=2, lr=4.0, weight_bits=2)
+
+
+def _mirror_of(table: LabelledTable, k: int, params: TrainParams) -> step2b.TrainReference:
+    fp = FixedPoint()
+    raw, _ = _encoded(table, fp)
+    sel = mirror(raw, table.y, Step2AShape(table.m, table.p, table.n_classes, k)).selected
+    return step2b.mirror(raw[:, sel], table.y, table.n_classes, fp.value_bits, params)
+
+
+def test_mirror_models_the_range_checks() -> None:
+    ref = _mirror_of(_far_from_zero_table(), 2, RATIO_PARAMS)
+    assert ref.aborted == "ratio"
+    assert abs(int(ref.ratio[0])) >= 2 ** (16 + step2b.RATIO_BITS)  # 'a', selected first
+    assert not ref.ratio_out_of_range[1]
+    ref = _mirror_of(_separable_table(), 2, WEIGHT_PARAMS)
+    assert ref.aborted == "weights" and ref.weight_epoch == 0
+    assert float(np.abs(ref.weights.astype(float)).max()) / 2**16 > 5.0
+    # the same data within the default range, and the data of the other tests: no abort
+    ok = TrainParams(epochs=1, batch=2, lr=4.0)
+    assert _mirror_of(_separable_table(), 2, ok).aborted is None
+    assert _mirror_of(make_table(30, 4, seed=2), 2, RATIO_PARAMS).aborted is None
+
+
+def test_constant_column_is_exempt_from_the_ratio_check() -> None:
+    fp = FixedPoint()
+    table = make_table(40, 3, seed=1)
+    x = table.x.copy()
+    x[:, 1] = 5.0  # constant: mean / spread is unbounded, its weight stays 0
+    raw = fp.encode(x, fp.choose_exponents(x, table.columns), table.columns)
+    ref = step2b.mirror(raw, table.y, 2, fp.value_bits, TrainParams(epochs=1, batch=10))
+    assert ref.aborted is None and np.all(ref.weights[1] == 0)
+    step2b.refuse_unstandardisable(raw, table.columns, fp.value_bits, TrainParams())
+
+
+def test_owner_refuses_a_column_out_of_range() -> None:
+    table = _far_from_zero_table()
+    fp = FixedPoint()
+    raw, _ = _encoded(table, fp)
+    with pytest.raises(InputDataError, match=r"column 'a'.*times its spread"):
+        step2b.refuse_unstandardisable(raw, table.columns, fp.value_bits, RATIO_PARAMS)
+
+
+def test_shape_that_could_wrap_within_an_epoch_is_refused() -> None:
+    with pytest.raises(ParameterError, match="overflow"):
+        Step2AShape(1 << 19, 500, 2, 400, train=TrainParams(batch=1, lr=4.0))
+    Step2AShape(1 << 19, 500, 2, 100, train=TrainParams(batch=64, lr=0.5))
+
+
+@pytest.mark.parametrize("engine", ["mpyc", "mp-spdz"])
+def test_cli_refuses_far_from_zero_column(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          engine: str) -> None:
+    """`ppfs select --train`: exit 2 with one line naming the column, before any MPC."""
+    if engine == "mp-spdz" and _reason is not None:
+        pytest.skip(f"MP-SPDZ not available: {_reason}")
+    table = _far_from_zero_table()
+    p = tmp_path / "d.csv"
+    p.write_text("a,b,c,y\n" + "".join(
+        ",".join(repr(float(v)) for v in r) + f",{c}\n"
+        for r, c in zip(table.x, table.y, strict=True)))
+    rc = main(["select", str(p), "--label", "y", "--k", "2", "--train", "--epochs", "1",
+               "--engine", engine, "--workdir", str(tmp_path / "w")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert "column 'a'" in err[-1] and "times its spread" in err[-1]
+    assert not list((tmp_path / "w").glob("p*/inputs/*.shr"))  # nothing was shared
+
+
+@pytest.mark.parametrize("engine", ["mpyc", "mp-spdz"])
+def test_cli_weight_out_of_range_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         engine: str) -> None:
+    """`ppfs select --train`: a weight past its range stops the secure run (one bit)."""
+    if engine == "mp-spdz" and _reason is not None:
+        pytest.skip(f"MP-SPDZ not available: {_reason}")
+    table = _separable_table()
+    assert _mirror_of(table, 2, WEIGHT_PARAMS).aborted == "weights"
+    p = tmp_path / "d.csv"
+    p.write_text("a,b,c,y\n" + "".join(
+        ",".join(repr(float(v)) for v in r) + f",{c}\n"
+        for r, c in zip(table.x, table.y, strict=True)))
+    rc = main(["select", str(p), "--label", "y", "--k", "2", "--train", "--epochs", "1",
+               "--batch", "2", "--lr", "4", "--weight-bits", "2", "--engine", engine])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err[-1] == f"ppfs: error: {step2b.abort_message('weights')}"
+
+
+def _secure_abort(table: LabelledTable, params: TrainParams, engine: object,
+                  security: Security, tmp_path: Path) -> str:
+    with pytest.raises(RangeAbortError) as info:
+        asyncio.run(run_select(table, 2, security, engine, tmp_path,  # type: ignore[arg-type]
+                               train=params, refuse_out_of_range=False))
+    msg = str(info.value)
+    assert "\n" not in msg and "only this one bit was revealed" in msg
+    return msg
+
+
+@pytest.mark.parametrize("case", ["ratio", "weights"])
+def test_mpyc_range_checks_match_the_mirror(case: str, tmp_path: Path) -> None:
+    table, params = ((_far_from_zero_table(), RATIO_PARAMS) if case == "ratio"
+                     else (_separable_table(), WEIGHT_PARAMS))
+    assert _mirror_of(table, 2, params).aborted == case
+    msg = _secure_abort(table, params, MpycEngine(timeout=300), Security.PASSIVE_3PC, tmp_path)
+    assert msg == step2b.abort_message(case)
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+@pytest.mark.parametrize("case", ["ratio", "weights"])
+@pytest.mark.parametrize("security", SETTINGS, ids=lambda s: s.value)
+def test_mpspdz_range_checks_match_the_mirror(case: str, security: Security,
+                                              tmp_path: Path) -> None:
+    table, params = ((_far_from_zero_table(), RATIO_PARAMS) if case == "ratio"
+                     else (_separable_table(), WEIGHT_PARAMS))
+    assert _mirror_of(table, 2, params).aborted == case
+    msg = _secure_abort(table, params, MpSpdzEngine(mpspdz_home(), timeout=300), security,
+                        tmp_path)
+    assert msg == step2b.abort_message(case)
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_mpspdz_separable_data_in_range_matches_oracle(tmp_path: Path) -> None:
+    """The weight-check data within the default range trains, matching the oracle."""
+    table = _separable_table()
+    params = TrainParams(epochs=1, batch=2, lr=4.0)
+    sel = asyncio.run(run_select(table, 2, Security.PASSIVE_3PC,
+                                 MpSpdzEngine(mpspdz_home(), timeout=300), tmp_path,
+                                 train=params))
+    _check_against_oracle(sel, table, 2, params)

@@ -339,6 +339,7 @@ def _jobs_submit(args: argparse.Namespace) -> int:
             "batch_size": train.batch,
             "learning_rate": train.lr,
             "seed": train.seed,
+            "weight_bits": train.weight_bits,
         }
     with _client(args) as client:
         engine = args.engine or _default_engine(client, args.security)

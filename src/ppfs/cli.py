@@ -38,6 +38,7 @@ from ppfs.errors import (
     InputDataError,
     ParameterError,
     PpfsError,
+    RangeAbortError,
 )
 from ppfs.fixedpoint import FixedPoint
 from ppfs.jobflags import add_training_flags, train_params_from_flags
@@ -271,6 +272,11 @@ def _select(args: argparse.Namespace, table: LabelledTable, source: str = "input
                 run_select(table, args.k, security, engine, workdir, fixed_point=fp,
                            progress=show, train=train, reveal_reduced=reveal_reduced)
             )
+    except (InputDataError, RangeAbortError) as exc:
+        # data out of the range the encoding carries: refused by the owner's side
+        # before sharing, or stopped by a range check inside MPC (one public bit)
+        print(f"ppfs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except EngineError as exc:
         who = f" (party {exc.party})" if exc.party else ""
         print(f"ppfs: error: secure run failed{who}: {exc}", file=sys.stderr)

@@ -235,6 +235,7 @@ def training_from_body(training: Mapping[str, Any] | None) -> TrainParams | None
             lr=float(training["learning_rate"]), seed=int(training.get("seed", 0)),
             frac_bits=int(training.get("frac_bits", default.frac_bits)),
             sigmoid=str(training.get("sigmoid", default.sigmoid)),
+            weight_bits=int(training.get("weight_bits", default.weight_bits)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ParameterError(f"training parameters are incomplete ({exc})") from None
@@ -328,7 +329,7 @@ class JobContract:
             t = self.training
             desc.training.CopyFrom(pb.TrainingParameters(
                 epochs=t.epochs, batch_size=t.batch, learning_rate=t.lr, seed=t.seed,
-                frac_bits=t.frac_bits, sigmoid=t.sigmoid,
+                frac_bits=t.frac_bits, sigmoid=t.sigmoid, weight_bits=t.weight_bits,
             ))
         return desc
 
@@ -359,7 +360,8 @@ class JobContract:
         if desc.HasField("training"):
             t = desc.training
             training = TrainParams(epochs=t.epochs, batch=t.batch_size, lr=t.learning_rate,
-                                   seed=t.seed, frac_bits=t.frac_bits, sigmoid=t.sigmoid)
+                                   seed=t.seed, frac_bits=t.frac_bits, sigmoid=t.sigmoid,
+                                   weight_bits=t.weight_bits)
         job = cls(
             job_id=desc.job_id, datasets=datasets, combination=combination,
             label_column=desc.label_column, k=desc.k, security=security, engine=desc.engine,

@@ -56,3 +56,8 @@ class SessionMismatchError(EngineError):
 
     Raised before any data is input.
     """
+
+
+class RangeAbortError(EngineError):
+    """A secure run stopped because a value left the range its fixed-point encoding
+    carries (Step 2B's range checks). Only that one public bit was revealed."""

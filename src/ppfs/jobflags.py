@@ -21,7 +21,7 @@ ENGINE_SECURITIES = {
     "mp-spdz": ("passive-3pc", "active-3pc", "active-4pc"),
     "mpyc": ("passive-3pc", "passive-4pc"),
 }
-TRAINING_FLAGS = ("epochs", "learning_rate", "batch_size", "train_seed")
+TRAINING_FLAGS = ("epochs", "learning_rate", "batch_size", "train_seed", "weight_bits")
 
 
 def best_engine(offered: Iterable[Iterable[str]], security: str | None = None) -> str | None:
@@ -57,6 +57,10 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
                     help=argparse.SUPPRESS)  # older spelling
     tr.add_argument("--train-seed", type=int, default=None,
                     help=f"seed of the public batch order (default {d.seed})")
+    tr.add_argument("--weight-bits", type=int, default=None,
+                    help="stop with an error if a standardised weight reaches 2^BITS "
+                         f"(1 to {d.weight_bits}, the default: where the fixed-point "
+                         "products stay in range)")
 
 
 def train_params_from_flags(args: argparse.Namespace) -> TrainParams | None:
@@ -76,6 +80,7 @@ def train_params_from_flags(args: argparse.Namespace) -> TrainParams | None:
             batch=int(pick("batch_size", d.batch)),
             lr=float(pick("learning_rate", d.lr)),
             seed=int(pick("train_seed", d.seed)),
+            weight_bits=int(pick("weight_bits", d.weight_bits)),
         )
     except ValueError as exc:
         raise ParameterError(str(exc)) from None

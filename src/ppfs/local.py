@@ -20,7 +20,13 @@ from ppfs.errors import EngineError, EngineUnavailableError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.sharing import bundles_for_all
 from ppfs.step2a import Security, Step2AShape, draw_mask_words, unmask_all
-from ppfs.step2b import Model, TrainParams, decode_model, split_model_words
+from ppfs.step2b import (
+    Model,
+    TrainParams,
+    decode_model,
+    refuse_unstandardisable,
+    split_model_words,
+)
 from ppfs.table import LabelledTable
 
 
@@ -98,10 +104,14 @@ async def run_select(
     rng: np.random.Generator | None = None,
     train: TrainParams | None = None,
     reveal_reduced: bool = True,
+    refuse_out_of_range: bool = True,
 ) -> Selection:
     """Step 2A (and Step 2B with ``train``) on local parties; unmask for the recipient.
 
-    ``reveal_reduced=False`` keeps D' inside MPC (a training-only job).
+    ``reveal_reduced=False`` keeps D' inside MPC (a training-only job). With training,
+    a column the secure range check would stop on is refused here first, naming it
+    (the owner sees its own data); ``refuse_out_of_range=False`` leaves it to the
+    check inside MPC.
     """
     reason = engine.unavailable_reason()
     if reason is not None:
@@ -109,6 +119,9 @@ async def run_select(
     if not engine.supports(security):
         raise EngineUnavailableError(f"engine {engine.name} does not support {security.value}")
     fp = fixed_point or FixedPoint()
+    if train is not None and refuse_out_of_range:
+        raw = fp.encode(table.x, fp.choose_exponents(table.x, table.columns), table.columns)
+        refuse_unstandardisable(raw, table.columns, fp.value_bits, train)
     if progress:
         progress("encoding and secret-sharing the data")
     prepared = prepare_inputs(table, k, security, workdir, fixed_point=fp, rng=rng,

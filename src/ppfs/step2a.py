@@ -45,6 +45,7 @@ import numpy as np
 from ppfs.errors import ParameterError
 from ppfs.sharing import Scheme
 from ppfs.step2b import TrainConstants, TrainParams, model_outputs
+from ppfs.step2b import check_shape as check_train_shape
 from ppfs.step2b import constants as train_constants
 
 # Mask words are drawn from [0, 2^MASK_WORD_BITS); a mask is w0 + 2^MASK_WORD_BITS * w1.
@@ -130,6 +131,8 @@ class Step2AShape:
             raise ParameterError("the label needs at least two classes")
         if self.m >= 1 << 20:
             raise ParameterError(f"m={self.m} exceeds the supported 2^20 rows")
+        if self.train is not None:
+            check_train_shape(self.m, self.k, self.train)
 
     @property
     def threshold_offset(self) -> int:

@@ -54,15 +54,32 @@ pieces are selected by the comparisons [u <= cut] (4 per value, 48 bits).
 Output in the original units (only to the model owner, masked like all outputs):
 alpha_r = w_r / sigma_r per encoding unit, with ALPHA_FRAC = F + 31 fractional bits:
 alpha = trunc(trunc(w * g, F) * 2^(30-E), s); the intercept
-beta = w0 - sum_r trunc(w_r * ratio_r, F) with ratio = mu / sigma =
-trunc(trunc(mu, s) * 2^(30-E) * g, 31) (F bits). The weights are expanded to all p
-columns by T (zero for the columns not selected): alpha_full = T alpha. The recipient,
-who knows the selected columns and their public exponents e_j, gets the weight per
-real unit as alpha_j * 2^(f + e_j - ALPHA_FRAC) and the intercept as beta * 2^-F.
+beta = w0 - sum_r trunc(w_r * ratio_r, F) with ratio = mu / sigma (F bits), computed
+without leaving the ring as ratio = trunc(trunc(trunc(mu, s) * 2^(30-E), t) * g, 31 - t)
+with the public t = max(0, bitlen(round(sqrt(m) 2^F)) + 1 - s), so that every product
+stays below 2^62 whatever mu / sigma is. The weights are expanded to all p columns by
+T (zero for the columns not selected): alpha_full = T alpha. The recipient, who knows
+the selected columns and their public exponents e_j, gets the weight per real unit as
+alpha_j * 2^(f + e_j - ALPHA_FRAC) and the intercept as beta * 2^-F.
 
-Range assumptions (documented limits, all far from the paper's data): |w| < 2^10 in
-standardised units, |mu / sigma| < 2^15, m < 2^20, k < 2^9. Every truncation then acts
-on a value below 2^62 (bit length 63); comparisons of u use 48 bits.
+Ranges, checked inside MPC (m < 2^20 and k < 2^9 are public and checked before the
+run). Two checks; each reveals one public bit, "out of range", and nothing else:
+
+- ratio (before training): a selected, non-constant column (W > m) with
+  |ratio| >= 2^(F + RATIO_BITS), i.e. a mean more than 2^15 times its spread. Such a
+  column's spread is a few encoding units at most (its largest value encodes near
+  2^23), too little to standardise it: the run stops before the SGD. A constant column
+  is exempt (its weight stays exactly 0). 3k comparisons.
+- weights (after training): some |w| or |w0| >= 2^(F + weight_bits) (standardised
+  units; ``TrainParams.weight_bits``, at most WEIGHT_BITS = 10) at the end of some
+  epoch; 2 (k + 1) n_models comparisons per epoch, summed in secret, one bit opened.
+  Within one epoch a weight moves by a bounded amount (about lr * m / b), so
+  :func:`check_shape` refuses before the run any public shape whose weights could
+  wrap the ring within one epoch from the checked range (none of the paper's).
+
+With both bits 0, every truncation acts on a value below 2^62 (bit length 63) and the
+comparisons of u (48 bits) are exact. The data owner's client also refuses a column
+it can see is out of range (:func:`refuse_unstandardisable`) before anything starts.
 """
 
 from __future__ import annotations
@@ -73,7 +90,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ppfs.errors import ParameterError
+from ppfs.errors import InputDataError, ParameterError
 
 if TYPE_CHECKING:
     from ppfs.fixedpoint import FixedPoint
@@ -91,6 +108,9 @@ SIGMOID_TAIL = 1e-4
 SIGMOID_SLOPES = (0.02776, 0.17)
 SIGMOID_OFFSETS = (0.145, 0.5, 0.85498)
 Y0 = (2.13, 1.21)  # 1/sqrt(v) ~ 2.13 - 1.21 v on [1/4, 1)
+RATIO_BITS = 15  # checked: |mu / sigma| < 2^15 for the selected non-constant columns
+WEIGHT_BITS = 10  # checked: |w|, |w0| < 2^weight_bits <= 2^10 in standardised units
+RANGE_CHECK_BITS = 63  # bit length of the range comparisons
 
 
 def splitmix64(state: int) -> tuple[int, int]:
@@ -139,6 +159,7 @@ class TrainParams:
     seed: int = 0
     frac_bits: int = 16
     sigmoid: str = SIGMOID
+    weight_bits: int = WEIGHT_BITS  # the run aborts if a |weight| reaches 2^weight_bits
 
     def __post_init__(self) -> None:
         if not 1 <= self.epochs <= 10_000:
@@ -154,15 +175,20 @@ class TrainParams:
             raise ParameterError("the batch-order seed must be in [0, 2^63)")
         if self.sigmoid != SIGMOID:
             raise ParameterError(f"unsupported sigmoid approximation {self.sigmoid!r}")
+        if not 1 <= self.weight_bits <= WEIGHT_BITS:
+            raise ParameterError(f"the weight range must be 2^1 to 2^{WEIGHT_BITS}, "
+                                 f"got 2^{self.weight_bits}")
 
     def to_dict(self) -> dict[str, object]:
         return {"epochs": self.epochs, "batch": self.batch, "lr": self.lr, "seed": self.seed,
-                "frac_bits": self.frac_bits, "sigmoid": self.sigmoid}
+                "frac_bits": self.frac_bits, "sigmoid": self.sigmoid,
+                "weight_bits": self.weight_bits}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainParams:
         return cls(int(d["epochs"]), int(d["batch"]), float(d["lr"]), int(d["seed"]),
-                   int(d["frac_bits"]), str(d["sigmoid"]))
+                   int(d["frac_bits"]), str(d["sigmoid"]),
+                   int(d.get("weight_bits", WEIGHT_BITS)))
 
 
 @dataclass(frozen=True)
@@ -189,6 +215,9 @@ class TrainConstants:
     tail: int
     slopes: tuple[int, ...]
     offsets: tuple[int, ...]
+    ratio_shift: int  # t: mu / sigma computed as trunc(trunc(mu^ 2^(30-E), t) g, 31 - t)
+    ratio_limit: int  # 2^(F + RATIO_BITS)
+    weight_limit: int  # 2^(F + weight_bits)
 
     @property
     def alpha_frac(self) -> int:
@@ -213,7 +242,8 @@ class TrainConstants:
                 self.batch, self.full_batches, self.last_batch, self.eta_full,
                 self.eta_last, self.perm_a, self.perm_b, self.y0_a, self.y0_b, self.cuts[2],
                 self.cuts[3],
-                self.tail, *self.slopes, *self.offsets]
+                self.tail, *self.slopes, *self.offsets, self.ratio_shift, self.ratio_limit,
+                self.weight_limit]
 
 
 def n_models(n_classes: int) -> int:
@@ -234,16 +264,43 @@ def constants(m: int, k: int, n_classes: int, value_bits: int,
     def fx(v: float) -> int:
         return round(v * (1 << f))
 
+    s = preshift(m, value_bits)
+    sqrt_m = fx(math.sqrt(m))
     return TrainConstants(
-        m=m, k=k, n_models=n_models(n_classes), frac=f, preshift=preshift(m, value_bits),
-        sqrt_m=fx(math.sqrt(m)), epochs=params.epochs, batch=b, full_batches=full,
+        m=m, k=k, n_models=n_models(n_classes), frac=f, preshift=s,
+        sqrt_m=sqrt_m, epochs=params.epochs, batch=b, full_batches=full,
         last_batch=last, eta_full=round(params.lr / b * (1 << ETA_FRAC)),
         eta_last=round(params.lr / last * (1 << ETA_FRAC)) if last else 0,
         perm_a=perm_a, perm_b=perm_b, y0_a=fx(Y0[0]), y0_b=fx(Y0[1]),
         cuts=tuple(fx(c) for c in SIGMOID_CUTS), tail=fx(SIGMOID_TAIL),
         slopes=tuple(fx(s) for s in SIGMOID_SLOPES),
         offsets=tuple(fx(o) for o in SIGMOID_OFFSETS),
+        ratio_shift=max(0, sqrt_m.bit_length() + 1 - s),
+        ratio_limit=1 << (f + RATIO_BITS), weight_limit=1 << (f + params.weight_bits),
     )
+
+
+def check_shape(m: int, k: int, params: TrainParams) -> None:
+    """Refuse, before any run, a shape whose weights could wrap the ring in one epoch.
+
+    The weights are checked at the end of every epoch (|w| < 2^weight_bits). Within an
+    epoch, batch j moves a weight by at most lr / b_j * sum_{i in j} |z_i| <=
+    lr * sqrt(S_j / b_j) (|e| <= 1, S_j the batch's sum of z^2), so the whole epoch by
+    at most lr * sqrt(m * sum_j 1 / b_j) (Cauchy-Schwarz, sum_j S_j = m), plus two
+    rounding units per step. The forward pass sums k products z * w with |z| <= sqrt(m),
+    both with F fractional bits: that sum must stay below 2^62.
+    """
+    b = min(params.batch, m)
+    full, last = divmod(m, b)
+    inv_sizes = full / b + (1 / last if last else 0.0)
+    steps = full + (1 if last else 0)
+    w_peak = (2.0 ** params.weight_bits + params.lr * math.sqrt(m * inv_sizes)
+              + steps * 2.0 ** (2 - params.frac_bits))
+    if k * math.sqrt(m) * w_peak * 2.0 ** (2 * params.frac_bits) >= 2.0 ** 62:
+        raise ParameterError(
+            f"training {k} features on {m} rows in {steps} steps per epoch (lr {params.lr}) "
+            f"could overflow the 64-bit fixed-point ring within one epoch; use a larger "
+            f"batch, a smaller learning rate or fewer features")
 
 
 # ------------------------------------------------------------------ the mirror
@@ -285,11 +342,36 @@ class TrainReference:
     beta: np.ndarray  # (n_models,) intercept in original units, F bits
     ratio: np.ndarray  # (k,) mu / sigma, F bits
     steps: int
+    ratio_out_of_range: np.ndarray  # (k,) bool: the ratio check's flag per column
+    weight_epoch: int | None  # first epoch at whose end the weight check failed
+
+    @property
+    def aborted(self) -> str | None:
+        """The check that stops the run ("ratio" first, then "weights"), or None."""
+        if bool(self.ratio_out_of_range.any()):
+            return "ratio"
+        return "weights" if self.weight_epoch is not None else None
 
 
-def standardise(reduced: np.ndarray, c: TrainConstants, value_bits: int) -> tuple[
-        np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Steps 1-5: returns (mu, E, g, kappa, z) as object arrays."""
+@dataclass(frozen=True)
+class Standardised:
+    """Steps 1-5 and the ratio mu / sigma, as object arrays of Python ints."""
+
+    mu: np.ndarray  # (k,)
+    w: np.ndarray  # (k,) W = sum c^2 + m (W == m: a constant column)
+    exponent: np.ndarray  # (k,) E
+    g: np.ndarray  # (k,)
+    kappa: np.ndarray  # (k,)
+    z: np.ndarray  # (m, k)
+    ratio: np.ndarray  # (k,) mu / sigma, F bits
+
+    def ratio_out_of_range(self, c: TrainConstants) -> np.ndarray:
+        """The ratio check: non-constant columns with |mu / sigma| >= 2^RATIO_BITS."""
+        return np.array([int(w) > c.m and abs(int(r)) >= c.ratio_limit
+                         for w, r in zip(self.w, self.ratio, strict=True)], dtype=bool)
+
+
+def standardise_columns(reduced: np.ndarray, c: TrainConstants) -> Standardised:
     m = c.m
     f = c.frac
     x = np.asarray(reduced).astype(object)
@@ -306,24 +388,45 @@ def standardise(reduced: np.ndarray, c: TrainConstants, value_bits: int) -> tupl
     g = trunc(y * c.sqrt_m, f)
     kappa = g * p30
     z = trunc(ch * kappa[None, :], INV_SHIFT)
-    return mu, e, g, kappa, z
+    ratio = trunc(trunc(trunc(mu, c.preshift) * p30, c.ratio_shift) * g,
+                  INV_SHIFT - c.ratio_shift)
+    return Standardised(mu=mu, w=w, exponent=e, g=g, kappa=kappa, z=z, ratio=ratio)
+
+
+def standardise(reduced: np.ndarray, c: TrainConstants, value_bits: int) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Steps 1-5: returns (mu, E, g, kappa, z) as object arrays."""
+    st = standardise_columns(reduced, c)
+    return st.mu, st.exponent, st.g, st.kappa, st.z
+
+
+def weights_out_of_range(weights: np.ndarray, inter: np.ndarray, c: TrainConstants) -> bool:
+    """The weight check at the end of an epoch: some |w| or |w0| >= 2^weight_bits."""
+    return any(abs(int(v)) >= c.weight_limit
+               for v in [*np.asarray(weights).reshape(-1), *np.asarray(inter).reshape(-1)])
 
 
 def mirror(reduced: np.ndarray, y: np.ndarray, n_classes: int, value_bits: int,
            params: TrainParams) -> TrainReference:
-    """Step 2B in the clear on D' (raw encoded values, m x k) and the labels."""
+    """Step 2B in the clear on D' (raw encoded values, m x k) and the labels.
+
+    Python integers never wrap: the mirror computes on past a failed check and
+    records it (``TrainReference.aborted``), where the engines stop.
+    """
     m, k = reduced.shape
     c = constants(m, k, n_classes, value_bits, params)
     f = c.frac
-    mu, e, g, kappa, z = standardise(reduced, c, value_bits)
+    st = standardise_columns(reduced, c)
+    mu, e, g, z = st.mu, st.exponent, st.g, st.z
     t = targets(np.asarray(y), n_classes, f)
     perm = row_permutation(m, params.seed)
     zp, tp = z[perm], t[perm]
     weights = np.zeros((k, c.n_models), dtype=object)
     inter = np.zeros(c.n_models, dtype=object)
     steps = 0
+    weight_epoch: int | None = None
     batches = c.batches()
-    for _ in range(c.epochs):
+    for epoch in range(c.epochs):
         for start, size, eta in batches:
             zb, tb = zp[start:start + size], tp[start:start + size]
             u = trunc(zb.dot(weights), f) + inter[None, :]
@@ -333,13 +436,55 @@ def mirror(reduced: np.ndarray, y: np.ndarray, n_classes: int, value_bits: int,
             weights = weights - trunc(grad_w * eta, ETA_FRAC)
             inter = inter - trunc(grad_b * eta, ETA_FRAC)
             steps += 1
+        if weight_epoch is None and weights_out_of_range(weights, inter, c):
+            weight_epoch = epoch
     p30 = np.array([1 << (E_MAX - int(er)) for er in e], dtype=object)
     mant = trunc(weights * g[:, None], f)
     alpha = trunc(mant * p30[:, None], c.preshift)
-    ratio = trunc(trunc(mu, c.preshift) * p30 * g, INV_SHIFT)
-    beta = inter - trunc(weights * ratio[:, None], f).sum(axis=0)
-    return TrainReference(mu=mu, exponent=e, kappa=kappa, z=z, weights=weights,
-                          intercepts=inter, alpha=alpha, beta=beta, ratio=ratio, steps=steps)
+    beta = inter - trunc(weights * st.ratio[:, None], f).sum(axis=0)
+    return TrainReference(mu=mu, exponent=e, kappa=st.kappa, z=z, weights=weights,
+                          intercepts=inter, alpha=alpha, beta=beta, ratio=st.ratio,
+                          steps=steps, ratio_out_of_range=st.ratio_out_of_range(c),
+                          weight_epoch=weight_epoch)
+
+
+def refuse_unstandardisable(raw: np.ndarray, columns: tuple[str, ...] | list[str],
+                            value_bits: int, params: TrainParams) -> None:
+    """The data owner's side of the ratio check, on every column of its own data.
+
+    Raises :class:`~ppfs.errors.InputDataError` naming the first column the secure
+    ratio check would stop on if it were selected (any column may be), before
+    anything is shared. The owner sees only its own plaintext here.
+    """
+    m, p = raw.shape
+    c = constants(m, p, 2, value_bits, params)
+    st = standardise_columns(raw, c)
+    bad = st.ratio_out_of_range(c)
+    if bad.any():
+        j = int(np.argmax(bad))
+        ratio = abs(int(st.ratio[j])) / 2.0 ** c.frac
+        raise InputDataError(
+            f"column {columns[j]!r}: its mean is about {ratio:.3g} times its spread, more "
+            f"than the 2^{RATIO_BITS} = {1 << RATIO_BITS} training (Step 2B) can "
+            f"standardise at this column's encoding scale; subtract a constant (e.g. its "
+            f"mean) from the column first, or leave it out")
+
+
+ABORT_MESSAGES = {
+    "ratio": ("Step 2B stopped before training: a selected column's mean is more than "
+              f"2^{RATIO_BITS} times its spread, beyond what its fixed-point encoding can "
+              "standardise (only this one bit was revealed); subtract a constant such as "
+              "the mean from that column, or leave it out"),
+    "weights": ("Step 2B stopped after training: a model weight or intercept left the range "
+                "|w| < 2^weight_bits (standardised units, 2^10 by default) its fixed-point "
+                "encoding carries (only this one bit was revealed); lower the learning rate "
+                "or the number of epochs"),
+}
+
+
+def abort_message(kind: str) -> str:
+    """The one-line error for a failed range check (``kind``: "ratio" or "weights")."""
+    return ABORT_MESSAGES.get(kind, "Step 2B stopped: data out of its encodable range")
 
 
 # ------------------------------------------------------------------ the model

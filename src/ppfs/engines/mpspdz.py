@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 from cryptography import x509
 
+from ppfs import step2b
 from ppfs.durable import free_ports
 from ppfs.engines.base import (
     INPUT_FILES,
@@ -71,6 +72,7 @@ from ppfs.errors import (
     IntegrityError,
     ParameterError,
     PeerLostError,
+    RangeAbortError,
     SessionMismatchError,
     ShareFormatError,
     TimedOutError,
@@ -89,6 +91,8 @@ COMPILE_FLAGS = ("-M",)
 CACHE_LAYOUT = b"ppfs-mpspdz-cache-3"
 INTEGRITY_MARKER = b"PPFS-INTEGRITY-FAILURE"
 SESSION_MARKER = b"PPFS-SESSION-MISMATCH"
+# Step 2B's range checks (ppfs.step2b): the program prints one of these and stops
+RANGE_MARKERS = {b"PPFS-RANGE-RATIO": "ratio", b"PPFS-RANGE-WEIGHTS": "weights"}
 LOG_CAP = 256 * 1024  # bytes of each party's stdout/stderr kept on disk
 DEFAULT_TIMEOUT = 4 * 3600.0
 GRACE_SECONDS = 3.0  # how long the others may take to stop on their own after a failure
@@ -660,6 +664,10 @@ class MpSpdzEngine:
                     "integrity check failed: two parties' copies of a share component "
                     "disagree (a server altered its share); nothing was revealed",
                 )
+            for marker, kind in RANGE_MARKERS.items():
+                if any(marker in bytes(p.out.kept) for p in parties):
+                    # every party opened the same public bit; none is to blame
+                    raise RangeAbortError(step2b.abort_message(kind))
             culprit = _culprit(parties, failed)
             code = culprit.proc.returncode
             why = (f"was killed by signal {-code}" if code is not None and code < 0
@@ -669,8 +677,8 @@ class MpSpdzEngine:
                 _PEER_FAILURE.search(stderr) is not None
                 or b"Fatal error in communication" in stderr
                 or b"encountered a problem" in stderr or b"closed" in stderr)
-            kind = PeerLostError if lost else EngineError
-            raise kind(
+            error = PeerLostError if lost else EngineError
+            raise error(
                 f"MP-SPDZ party {culprit.index} ({culprit.name}) {why}"
                 f"{_reason(bytes(culprit.err.kept))}; its log is in its working directory",
                 party=culprit.name,

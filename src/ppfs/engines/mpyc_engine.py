@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 import ppfs
+from ppfs import step2b
 from ppfs.durable import free_ports
 from ppfs.engines import mpyc_party
 from ppfs.engines.base import (
@@ -54,6 +55,7 @@ from ppfs.engines.mpyc_party import (
     DEFAULT_CHUNK,
     EXIT_BAD_JOB,
     EXIT_OK,
+    EXIT_OUT_OF_RANGE,
     EXIT_PEER_LOST,
     EXIT_SESSION,
     EXIT_TIMEOUT,
@@ -64,6 +66,7 @@ from ppfs.errors import (
     EngineUnavailableError,
     ParameterError,
     PeerLostError,
+    RangeAbortError,
     SessionMismatchError,
     TimedOutError,
 )
@@ -371,10 +374,14 @@ class MpycEngine:
                     waits[fut].ended = now
                 relayed = self._relay(workers[0].directory / "status.txt", relayed, progress)
                 failed = [waits[f] for f in done if waits[f].proc.returncode != 0]
+                if any(w.proc.returncode == EXIT_OUT_OF_RANGE for w in failed):
+                    # every party opened the same range bit; none is to blame
+                    kind = self._result_reason(failed[0])
+                    raise RangeAbortError(step2b.abort_message(kind or ""))
                 if failed:
                     culprit = await self._culprit(workers, failed)
-                    kind = _ERRORS.get(culprit.proc.returncode or 0, EngineError)
-                    raise kind(
+                    error = _ERRORS.get(culprit.proc.returncode or 0, EngineError)
+                    raise error(
                         f"MPyC party {culprit.name} failed: {self._reason(culprit)}",
                         party=culprit.name,
                     )
@@ -410,10 +417,7 @@ class MpycEngine:
             except ValueError:
                 sig = str(-code)
             return f"its process was killed by {sig}"
-        reason = None
-        with contextlib.suppress(OSError, ValueError):
-            result = json.loads((w.directory / "result.json").read_text())
-            reason = str(result.get("reason", ""))[:200] or None
+        reason = MpycEngine._result_reason(w)
         if code == EXIT_PEER_LOST:
             return reason or "it lost its connection to another party"
         if code == EXIT_TIMEOUT:
@@ -423,6 +427,13 @@ class MpycEngine:
         if code == EXIT_BAD_JOB:
             return reason or "its job or inputs are unusable"
         return reason or f"it exited with code {code}"
+
+    @staticmethod
+    def _result_reason(w: _Worker) -> str | None:
+        with contextlib.suppress(OSError, ValueError):
+            result = json.loads((w.directory / "result.json").read_text())
+            return str(result.get("reason", ""))[:200] or None
+        return None
 
     @staticmethod
     def _relay(status: Path, seen: int, progress: Progress | None) -> int:

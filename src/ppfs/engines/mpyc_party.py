@@ -70,6 +70,7 @@ EXIT_BAD_JOB = 2
 EXIT_PEER_LOST = 3
 EXIT_TIMEOUT = 4
 EXIT_SESSION = 5
+EXIT_OUT_OF_RANGE = 6  # a Step 2B range check failed: one public bit, nothing else
 
 JOB_VERSION = 1
 # Bit length of the secure integer type. MPyC picks a prime of l + k + 2 = 128 bits
@@ -96,6 +97,14 @@ class JobError(PpfsError):
 
 class SessionError(PpfsError):
     """Another party input a different session tag: it runs another job."""
+
+
+class OutOfRangeError(PpfsError):
+    """A Step 2B range check opened 1; ``kind`` names the check ("ratio", "weights")."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
 
 
 # --------------------------------------------------------------------------- job
@@ -605,6 +614,16 @@ async def train_logistic(
         y = _trunc(rt, y * (3 * one - vy2), f + 1)
     g = await _settle(rt, secint, _trunc(rt, y * c.sqrt_m, f))
     kappa = g * p30
+    # mu / sigma without leaving 2^62, and the ratio check (one public bit)
+    t_r = c.ratio_shift
+    ratio = await _settle(rt, secint, _trunc(
+        rt, _trunc(rt, _trunc(rt, mu, c.preshift) * p30, t_r) * g, inv - t_r))
+    lim = c.ratio_limit
+    cmp = rt.np_sgn(rt.np_concatenate([w - (m + 1), ratio - lim, ratio + (lim - 1)]),
+                    l=step2b.RANGE_CHECK_BITS, LT=True)
+    const, below, above_neg = cmp[:k], cmp[k:2 * k], cmp[2 * k:]
+    flags = (1 - const) * ((1 - below) + above_neg)  # non-constant and |ratio| >= lim
+    await _open_range_bit(rt, flags.sum(), 2 * k, "ratio")
     # 5. z, targets, the public batch order
     z = await _settle(rt, secint, _trunc(rt, ch * kappa.reshape(1, k), inv))
     if sh.n_classes == 2:
@@ -633,6 +652,8 @@ async def train_logistic(
     weights = secint.array(np.zeros((k, nm), dtype=object))
     inter = secint.array(np.zeros(nm, dtype=object))
     batches = c.batches()
+    wl = c.weight_limit
+    out_of_range = secint(0)  # number of weight-check failures, opened only as [> 0]
     for _ in range(c.epochs):
         for start, size, eta in batches:
             zb, tb = zp[start:start + size], tp[start:start + size]
@@ -644,12 +665,25 @@ async def train_logistic(
                                     weights - _trunc(rt, grad_w * eta, step2b.ETA_FRAC))
             inter = await _settle(rt, secint,
                                   inter - _trunc(rt, grad_b * eta, step2b.ETA_FRAC))
+        # the weight check at the end of the epoch: [|v| >= 2^weight_bits]
+        wv = rt.np_concatenate([weights.reshape(-1), inter])
+        lt = rt.np_sgn(rt.np_concatenate([wv - wl, wv + (wl - 1)]),
+                       l=step2b.RANGE_CHECK_BITS, LT=True)
+        n = wv.shape[0]
+        out_of_range = out_of_range + ((1 - lt[:n]) + lt[n:]).sum()
+    await _open_range_bit(rt, out_of_range, 2 * (k + 1) * nm * c.epochs, "weights")
     # the model in original units, expanded to all p columns by T
     mant = _trunc(rt, weights * g.reshape(k, 1), f)
     alpha = _trunc(rt, mant * p30.reshape(k, 1), c.preshift)
-    ratio = _trunc(rt, _trunc(rt, mu, c.preshift) * p30 * g, inv)
     beta = inter - _trunc(rt, weights * ratio.reshape(k, 1), f).sum(axis=0)
     return sel @ alpha, beta
+
+
+async def _open_range_bit(rt: Any, count: Any, most: int, kind: str) -> None:
+    """Open [count > 0] (one public bit) for a secret count in [0, most]; raise if 1."""
+    zero = rt.sgn(count, l=max(2, most.bit_length() + 1), EQ=True)
+    if int(await rt.output(1 - zero)):
+        raise OutOfRangeError(kind)
 
 
 def _batch(chunk: int, bits: int) -> int:
@@ -786,6 +820,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(job, EXIT_BAD_JOB, str(exc))
     except SessionError as exc:
         return _fail(job, EXIT_SESSION, str(exc))
+    except OutOfRangeError as exc:
+        return _fail(job, EXIT_OUT_OF_RANGE, exc.kind)
     except PeerLostError:
         return _fail(job, EXIT_PEER_LOST, "an MPC peer was lost")
     except TimeoutError:

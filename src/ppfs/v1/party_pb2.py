@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13ppfs/v1/party.proto\x12\x07ppfs.v1\"\x14\n\x12GetIdentityRequest\"\xec\x01\n\rPartyIdentity\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x62ox_public_key\x18\x03 \x01(\x0c\x12\x1a\n\x12signing_public_key\x18\x04 \x01(\x0c\x12\x1b\n\x13tls_certificate_pem\x18\x05 \x01(\x0c\x12\x1b\n\x13mpc_certificate_pem\x18\x06 \x01(\x0c\x12\x0f\n\x07\x65ngines\x18\x07 \x03(\t\x12\x10\n\x08mpc_host\x18\x08 \x01(\t\x12\x15\n\rmpc_port_base\x18\t \x01(\r\x12\x16\n\x0empc_port_count\x18\n \x01(\r\"\x8e\x01\n\x10UploadPartHeader\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x11\n\tupload_id\x18\x02 \x01(\t\x12\x10\n\x08owner_id\x18\x03 \x01(\t\x12\x10\n\x08manifest\x18\x04 \x01(\x0c\x12\x1a\n\x12manifest_signature\x18\x05 \x01(\x0c\x12\x13\n\x0bsealed_size\x18\x06 \x01(\x04\"W\n\x0fUploadPartChunk\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.ppfs.v1.UploadPartHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"]\n\x15PutUploadPartResponse\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x11\n\tupload_id\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x04\x12\x0f\n\x07\x63olumns\x18\x04 \x01(\x04\"\'\n\x11GetDatasetRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"\x95\x01\n\x0b\x44\x61tasetInfo\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63olumns\x18\x02 \x03(\t\x12\x18\n\x10\x63olumn_exponents\x18\x03 \x03(\x11\x12\x14\n\x0clabel_column\x18\x04 \x01(\t\x12\x0f\n\x07\x63lasses\x18\x05 \x01(\r\x12\x0c\n\x04rows\x18\x06 \x01(\x04\x12\x12\n\nupload_ids\x18\x07 \x03(\t\"H\n\x0cPinnedUpload\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x04\"K\n\rPinnedDataset\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12&\n\x07uploads\x18\x02 \x03(\x0b\x32\x15.ppfs.v1.PinnedUpload\"\x81\x01\n\x12TrainingParameters\x12\x0e\n\x06\x65pochs\x18\x01 \x01(\r\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x15\n\rlearning_rate\x18\x03 \x01(\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x11\n\tfrac_bits\x18\x05 \x01(\r\x12\x0f\n\x07sigmoid\x18\x06 \x01(\t\"\xb3\x03\n\x0eJobDescription\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x61taset_ids\x18\x02 \x03(\t\x12)\n\x0b\x63ombination\x18\x03 \x01(\x0e\x32\x14.ppfs.v1.Combination\x12\x14\n\x0clabel_column\x18\x04 \x01(\t\x12\t\n\x01k\x18\x05 \x01(\r\x12\x10\n\x08security\x18\x06 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x07 \x01(\t\x12\x11\n\tfrac_bits\x18\x08 \x01(\r\x12-\n\x08training\x18\t \x01(\x0b\x32\x1b.ppfs.v1.TrainingParameters\x12\x1c\n\x14recipient_public_key\x18\n \x01(\x0c\x12\x16\n\x0emask_upload_id\x18\x0b \x01(\t\x12\x1a\n\x12peer_mpc_addresses\x18\x0c \x03(\t\x12(\n\x08\x64\x61tasets\x18\r \x03(\x0b\x32\x16.ppfs.v1.PinnedDataset\x12\t\n\x01m\x18\x0e \x01(\x04\x12\t\n\x01p\x18\x0f \x01(\r\x12\x0f\n\x07\x63lasses\x18\x10 \x01(\r\x12\x0f\n\x07outputs\x18\x11 \x01(\r\x12\x18\n\x10\x63ontract_version\x18\x12 \x01(\r\"S\n\x0fStartJobRequest\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.ppfs.v1.JobDescription\x12\x1a\n\x12\x64\x65scription_sha256\x18\x02 \x01(\t\"\\\n\x10StartJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0eprogram_sha256\x18\x02 \x01(\t\x12 \n\x05state\x18\x03 \x01(\x0e\x32\x11.ppfs.v1.JobState\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"I\n\x11\x43\x61ncelJobResponse\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.ppfs.v1.JobState\x12\x12\n\nremembered\x18\x03 \x01(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xd1\x01\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.ppfs.v1.JobState\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x10\n\x08progress\x18\x04 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x16\n\x0eprogram_sha256\x18\x06 \x01(\t\x12\x0f\n\x07seconds\x18\x07 \x01(\x01\x12\x12\n\nbytes_sent\x18\x08 \x01(\x04\x12%\n\x07\x66\x61ilure\x18\t \x01(\x0e\x32\x14.ppfs.v1.FailureKind\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\".\n\x08JobEvent\x12\"\n\x06status\x18\x01 \x01(\x0b\x32\x12.ppfs.v1.JobStatus\"(\n\x16\x46\x65tchResultPartRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"Z\n\x10SealedResultPart\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bparty_index\x18\x02 \x01(\r\x12\x0e\n\x06sealed\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c*`\n\x0b\x43ombination\x12\x1b\n\x17\x43OMBINATION_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43OMBINATION_HORIZONTAL\x10\x01\x12\x18\n\x14\x43OMBINATION_VERTICAL\x10\x02*\x9a\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05*\xff\x01\n\x0b\x46\x61ilureKind\x12\x1c\n\x18\x46\x41ILURE_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x46\x41ILURE_KIND_OWN\x10\x01\x12\x1a\n\x16\x46\x41ILURE_KIND_PEER_LOST\x10\x02\x12\x18\n\x14\x46\x41ILURE_KIND_TIMEOUT\x10\x03\x12\x1a\n\x16\x46\x41ILURE_KIND_INTEGRITY\x10\x04\x12\x18\n\x14\x46\x41ILURE_KIND_REFUSED\x10\x05\x12\x1a\n\x16\x46\x41ILURE_KIND_CANCELLED\x10\x06\x12\x18\n\x14\x46\x41ILURE_KIND_SESSION\x10\x07\x12\x1a\n\x16\x46\x41ILURE_KIND_RESTARTED\x10\x08\x32\xa4\x04\n\x0cPartyService\x12\x42\n\x0bGetIdentity\x12\x1b.ppfs.v1.GetIdentityRequest\x1a\x16.ppfs.v1.PartyIdentity\x12K\n\rPutUploadPart\x12\x18.ppfs.v1.UploadPartChunk\x1a\x1e.ppfs.v1.PutUploadPartResponse(\x01\x12>\n\nGetDataset\x12\x1a.ppfs.v1.GetDatasetRequest\x1a\x14.ppfs.v1.DatasetInfo\x12?\n\x08StartJob\x12\x18.ppfs.v1.StartJobRequest\x1a\x19.ppfs.v1.StartJobResponse\x12\x42\n\tCancelJob\x12\x19.ppfs.v1.CancelJobRequest\x1a\x1a.ppfs.v1.CancelJobResponse\x12\x34\n\x06GetJob\x12\x16.ppfs.v1.GetJobRequest\x1a\x12.ppfs.v1.JobStatus\x12\x39\n\x08WatchJob\x12\x18.ppfs.v1.WatchJobRequest\x1a\x11.ppfs.v1.JobEvent0\x01\x12M\n\x0f\x46\x65tchResultPart\x12\x1f.ppfs.v1.FetchResultPartRequest\x1a\x19.ppfs.v1.SealedResultPartb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13ppfs/v1/party.proto\x12\x07ppfs.v1\"\x14\n\x12GetIdentityRequest\"\xec\x01\n\rPartyIdentity\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x62ox_public_key\x18\x03 \x01(\x0c\x12\x1a\n\x12signing_public_key\x18\x04 \x01(\x0c\x12\x1b\n\x13tls_certificate_pem\x18\x05 \x01(\x0c\x12\x1b\n\x13mpc_certificate_pem\x18\x06 \x01(\x0c\x12\x0f\n\x07\x65ngines\x18\x07 \x03(\t\x12\x10\n\x08mpc_host\x18\x08 \x01(\t\x12\x15\n\rmpc_port_base\x18\t \x01(\r\x12\x16\n\x0empc_port_count\x18\n \x01(\r\"\x8e\x01\n\x10UploadPartHeader\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x11\n\tupload_id\x18\x02 \x01(\t\x12\x10\n\x08owner_id\x18\x03 \x01(\t\x12\x10\n\x08manifest\x18\x04 \x01(\x0c\x12\x1a\n\x12manifest_signature\x18\x05 \x01(\x0c\x12\x13\n\x0bsealed_size\x18\x06 \x01(\x04\"W\n\x0fUploadPartChunk\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.ppfs.v1.UploadPartHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"]\n\x15PutUploadPartResponse\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x11\n\tupload_id\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x04\x12\x0f\n\x07\x63olumns\x18\x04 \x01(\x04\"\'\n\x11GetDatasetRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"\x95\x01\n\x0b\x44\x61tasetInfo\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63olumns\x18\x02 \x03(\t\x12\x18\n\x10\x63olumn_exponents\x18\x03 \x03(\x11\x12\x14\n\x0clabel_column\x18\x04 \x01(\t\x12\x0f\n\x07\x63lasses\x18\x05 \x01(\r\x12\x0c\n\x04rows\x18\x06 \x01(\x04\x12\x12\n\nupload_ids\x18\x07 \x03(\t\"H\n\x0cPinnedUpload\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x04\"K\n\rPinnedDataset\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12&\n\x07uploads\x18\x02 \x03(\x0b\x32\x15.ppfs.v1.PinnedUpload\"\x96\x01\n\x12TrainingParameters\x12\x0e\n\x06\x65pochs\x18\x01 \x01(\r\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x15\n\rlearning_rate\x18\x03 \x01(\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x11\n\tfrac_bits\x18\x05 \x01(\r\x12\x0f\n\x07sigmoid\x18\x06 \x01(\t\x12\x13\n\x0bweight_bits\x18\x07 \x01(\r\"\xb3\x03\n\x0eJobDescription\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x61taset_ids\x18\x02 \x03(\t\x12)\n\x0b\x63ombination\x18\x03 \x01(\x0e\x32\x14.ppfs.v1.Combination\x12\x14\n\x0clabel_column\x18\x04 \x01(\t\x12\t\n\x01k\x18\x05 \x01(\r\x12\x10\n\x08security\x18\x06 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x07 \x01(\t\x12\x11\n\tfrac_bits\x18\x08 \x01(\r\x12-\n\x08training\x18\t \x01(\x0b\x32\x1b.ppfs.v1.TrainingParameters\x12\x1c\n\x14recipient_public_key\x18\n \x01(\x0c\x12\x16\n\x0emask_upload_id\x18\x0b \x01(\t\x12\x1a\n\x12peer_mpc_addresses\x18\x0c \x03(\t\x12(\n\x08\x64\x61tasets\x18\r \x03(\x0b\x32\x16.ppfs.v1.PinnedDataset\x12\t\n\x01m\x18\x0e \x01(\x04\x12\t\n\x01p\x18\x0f \x01(\r\x12\x0f\n\x07\x63lasses\x18\x10 \x01(\r\x12\x0f\n\x07outputs\x18\x11 \x01(\r\x12\x18\n\x10\x63ontract_version\x18\x12 \x01(\r\"S\n\x0fStartJobRequest\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.ppfs.v1.JobDescription\x12\x1a\n\x12\x64\x65scription_sha256\x18\x02 \x01(\t\"\\\n\x10StartJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0eprogram_sha256\x18\x02 \x01(\t\x12 \n\x05state\x18\x03 \x01(\x0e\x32\x11.ppfs.v1.JobState\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"I\n\x11\x43\x61ncelJobResponse\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.ppfs.v1.JobState\x12\x12\n\nremembered\x18\x03 \x01(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xd1\x01\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.ppfs.v1.JobState\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x10\n\x08progress\x18\x04 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x16\n\x0eprogram_sha256\x18\x06 \x01(\t\x12\x0f\n\x07seconds\x18\x07 \x01(\x01\x12\x12\n\nbytes_sent\x18\x08 \x01(\x04\x12%\n\x07\x66\x61ilure\x18\t \x01(\x0e\x32\x14.ppfs.v1.FailureKind\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\".\n\x08JobEvent\x12\"\n\x06status\x18\x01 \x01(\x0b\x32\x12.ppfs.v1.JobStatus\"(\n\x16\x46\x65tchResultPartRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"Z\n\x10SealedResultPart\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bparty_index\x18\x02 \x01(\r\x12\x0e\n\x06sealed\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c*`\n\x0b\x43ombination\x12\x1b\n\x17\x43OMBINATION_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43OMBINATION_HORIZONTAL\x10\x01\x12\x18\n\x14\x43OMBINATION_VERTICAL\x10\x02*\x9a\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05*\xff\x01\n\x0b\x46\x61ilureKind\x12\x1c\n\x18\x46\x41ILURE_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x46\x41ILURE_KIND_OWN\x10\x01\x12\x1a\n\x16\x46\x41ILURE_KIND_PEER_LOST\x10\x02\x12\x18\n\x14\x46\x41ILURE_KIND_TIMEOUT\x10\x03\x12\x1a\n\x16\x46\x41ILURE_KIND_INTEGRITY\x10\x04\x12\x18\n\x14\x46\x41ILURE_KIND_REFUSED\x10\x05\x12\x1a\n\x16\x46\x41ILURE_KIND_CANCELLED\x10\x06\x12\x18\n\x14\x46\x41ILURE_KIND_SESSION\x10\x07\x12\x1a\n\x16\x46\x41ILURE_KIND_RESTARTED\x10\x08\x32\xa4\x04\n\x0cPartyService\x12\x42\n\x0bGetIdentity\x12\x1b.ppfs.v1.GetIdentityRequest\x1a\x16.ppfs.v1.PartyIdentity\x12K\n\rPutUploadPart\x12\x18.ppfs.v1.UploadPartChunk\x1a\x1e.ppfs.v1.PutUploadPartResponse(\x01\x12>\n\nGetDataset\x12\x1a.ppfs.v1.GetDatasetRequest\x1a\x14.ppfs.v1.DatasetInfo\x12?\n\x08StartJob\x12\x18.ppfs.v1.StartJobRequest\x1a\x19.ppfs.v1.StartJobResponse\x12\x42\n\tCancelJob\x12\x19.ppfs.v1.CancelJobRequest\x1a\x1a.ppfs.v1.CancelJobResponse\x12\x34\n\x06GetJob\x12\x16.ppfs.v1.GetJobRequest\x1a\x12.ppfs.v1.JobStatus\x12\x39\n\x08WatchJob\x12\x18.ppfs.v1.WatchJobRequest\x1a\x11.ppfs.v1.JobEvent0\x01\x12M\n\x0f\x46\x65tchResultPart\x12\x1f.ppfs.v1.FetchResultPartRequest\x1a\x19.ppfs.v1.SealedResultPartb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ppfs.v1.party_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COMBINATION']._serialized_start=2288
-  _globals['_COMBINATION']._serialized_end=2384
-  _globals['_JOBSTATE']._serialized_start=2387
-  _globals['_JOBSTATE']._serialized_end=2541
-  _globals['_FAILUREKIND']._serialized_start=2544
-  _globals['_FAILUREKIND']._serialized_end=2799
+  _globals['_COMBINATION']._serialized_start=2309
+  _globals['_COMBINATION']._serialized_end=2405
+  _globals['_JOBSTATE']._serialized_start=2408
+  _globals['_JOBSTATE']._serialized_end=2562
+  _globals['_FAILUREKIND']._serialized_start=2565
+  _globals['_FAILUREKIND']._serialized_end=2820
   _globals['_GETIDENTITYREQUEST']._serialized_start=32
   _globals['_GETIDENTITYREQUEST']._serialized_end=52
   _globals['_PARTYIDENTITY']._serialized_start=55
@@ -56,29 +56,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PINNEDDATASET']._serialized_start=889
   _globals['_PINNEDDATASET']._serialized_end=964
   _globals['_TRAININGPARAMETERS']._serialized_start=967
-  _globals['_TRAININGPARAMETERS']._serialized_end=1096
-  _globals['_JOBDESCRIPTION']._serialized_start=1099
-  _globals['_JOBDESCRIPTION']._serialized_end=1534
-  _globals['_STARTJOBREQUEST']._serialized_start=1536
-  _globals['_STARTJOBREQUEST']._serialized_end=1619
-  _globals['_STARTJOBRESPONSE']._serialized_start=1621
-  _globals['_STARTJOBRESPONSE']._serialized_end=1713
-  _globals['_CANCELJOBREQUEST']._serialized_start=1715
-  _globals['_CANCELJOBREQUEST']._serialized_end=1749
-  _globals['_CANCELJOBRESPONSE']._serialized_start=1751
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1824
-  _globals['_GETJOBREQUEST']._serialized_start=1826
-  _globals['_GETJOBREQUEST']._serialized_end=1857
-  _globals['_JOBSTATUS']._serialized_start=1860
-  _globals['_JOBSTATUS']._serialized_end=2069
-  _globals['_WATCHJOBREQUEST']._serialized_start=2071
-  _globals['_WATCHJOBREQUEST']._serialized_end=2104
-  _globals['_JOBEVENT']._serialized_start=2106
-  _globals['_JOBEVENT']._serialized_end=2152
-  _globals['_FETCHRESULTPARTREQUEST']._serialized_start=2154
-  _globals['_FETCHRESULTPARTREQUEST']._serialized_end=2194
-  _globals['_SEALEDRESULTPART']._serialized_start=2196
-  _globals['_SEALEDRESULTPART']._serialized_end=2286
-  _globals['_PARTYSERVICE']._serialized_start=2802
-  _globals['_PARTYSERVICE']._serialized_end=3350
+  _globals['_TRAININGPARAMETERS']._serialized_end=1117
+  _globals['_JOBDESCRIPTION']._serialized_start=1120
+  _globals['_JOBDESCRIPTION']._serialized_end=1555
+  _globals['_STARTJOBREQUEST']._serialized_start=1557
+  _globals['_STARTJOBREQUEST']._serialized_end=1640
+  _globals['_STARTJOBRESPONSE']._serialized_start=1642
+  _globals['_STARTJOBRESPONSE']._serialized_end=1734
+  _globals['_CANCELJOBREQUEST']._serialized_start=1736
+  _globals['_CANCELJOBREQUEST']._serialized_end=1770
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1772
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1845
+  _globals['_GETJOBREQUEST']._serialized_start=1847
+  _globals['_GETJOBREQUEST']._serialized_end=1878
+  _globals['_JOBSTATUS']._serialized_start=1881
+  _globals['_JOBSTATUS']._serialized_end=2090
+  _globals['_WATCHJOBREQUEST']._serialized_start=2092
+  _globals['_WATCHJOBREQUEST']._serialized_end=2125
+  _globals['_JOBEVENT']._serialized_start=2127
+  _globals['_JOBEVENT']._serialized_end=2173
+  _globals['_FETCHRESULTPARTREQUEST']._serialized_start=2175
+  _globals['_FETCHRESULTPARTREQUEST']._serialized_end=2215
+  _globals['_SEALEDRESULTPART']._serialized_start=2217
+  _globals['_SEALEDRESULTPART']._serialized_end=2307
+  _globals['_PARTYSERVICE']._serialized_start=2823
+  _globals['_PARTYSERVICE']._serialized_end=3371
 # @@protoc_insertion_point(module_scope)

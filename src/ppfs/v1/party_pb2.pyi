@@ -159,20 +159,22 @@ class PinnedDataset(_message.Message):
     def __init__(self, dataset_id: _Optional[str] = ..., uploads: _Optional[_Iterable[_Union[PinnedUpload, _Mapping]]] = ...) -> None: ...
 
 class TrainingParameters(_message.Message):
-    __slots__ = ("epochs", "batch_size", "learning_rate", "seed", "frac_bits", "sigmoid")
+    __slots__ = ("epochs", "batch_size", "learning_rate", "seed", "frac_bits", "sigmoid", "weight_bits")
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
     SIGMOID_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_BITS_FIELD_NUMBER: _ClassVar[int]
     epochs: int
     batch_size: int
     learning_rate: float
     seed: int
     frac_bits: int
     sigmoid: str
-    def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., seed: _Optional[int] = ..., frac_bits: _Optional[int] = ..., sigmoid: _Optional[str] = ...) -> None: ...
+    weight_bits: int
+    def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., seed: _Optional[int] = ..., frac_bits: _Optional[int] = ..., sigmoid: _Optional[str] = ..., weight_bits: _Optional[int] = ...) -> None: ...
 
 class JobDescription(_message.Message):
     __slots__ = ("job_id", "dataset_ids", "combination", "label_column", "k", "security", "engine", "frac_bits", "training", "recipient_public_key", "mask_upload_id", "peer_mpc_addresses", "datasets", "m", "p", "classes", "outputs", "contract_version")

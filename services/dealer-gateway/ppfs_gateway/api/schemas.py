@@ -109,6 +109,10 @@ class TrainingIn(Strict):
     batch_size: int = Field(ge=1, le=1 << 20)
     learning_rate: float = Field(gt=0, le=4)
     seed: int = Field(default=0, ge=0, lt=1 << 63, description="public batch-order seed")
+    weight_bits: int = Field(
+        default=10, ge=1, le=10,
+        description="the run stops with an error if a standardised weight reaches 2^weight_bits",
+    )
 
 
 class JobCreate(Strict):
