@@ -52,8 +52,7 @@ def _run(table: LabelledTable, k: int, security: Security, workdir: Path,
          fp: FixedPoint | None = None, progress=None):
     fp = fp or FixedPoint()
     sel = asyncio.run(run_select(table, k, security, MpycEngine(timeout=120), workdir,
-                                 fixed_point=fp, progress=progress,
-                                 rng=np.random.default_rng(7)))
+                                 fixed_point=fp, progress=progress))
     raw = fp.encode(table.x, fp.choose_exponents(table.x, table.columns), table.columns)
     ref = mirror(raw, table.y, sel.shape)
     return sel, ref
@@ -85,7 +84,7 @@ def test_conversion_plain_round_trip(scheme: Scheme) -> None:
     values = np.concatenate([EDGE, rng.integers(-lim, lim, size=5000, endpoint=True)])
     raw = values.reshape(-1, 1)
     for _ in range(20):  # many random sharings of the edge values
-        bundles = bundles_for_all(raw, scheme, rng, dataset_id="t", kind="data", frac_bits=0)
+        bundles = bundles_for_all(raw, scheme, dataset_id="t", kind="data", frac_bits=0)
         roles = conversion_roles(scheme)
         a = additive_summands(bundles[roles.a_party].components, roles, roles.a_party)
         b = additive_summands(bundles[roles.b_party].components, roles, roles.b_party)
@@ -161,7 +160,7 @@ def test_conversion_secure_round_trip(security: Security, tmp_path: Path) -> Non
     values = np.concatenate([EDGE, rng.integers(-(1 << 62) + 1, 1 << 62, size=200)])
     raw = values.reshape(-1, 2)
     scheme = security.scheme
-    for i, b in enumerate(bundles_for_all(raw, scheme, rng, dataset_id="t", kind="data",
+    for i, b in enumerate(bundles_for_all(raw, scheme, dataset_id="t", kind="data",
                                           frac_bits=0)):
         b.save(tmp_path / f"p{i}.shr")
     helper = tmp_path / "convert_helper.py"
@@ -178,7 +177,7 @@ def test_conversion_secure_round_trip(security: Security, tmp_path: Path) -> Non
 
 def test_share_components_are_uniform_looking() -> None:
     """Sanity of the test's premise: components of 0 are not 0."""
-    comps = share(np.zeros((4, 4), dtype=np.int64), Scheme.REP3, np.random.default_rng(0))
+    comps = share(np.zeros((4, 4), dtype=np.int64), Scheme.REP3)
     assert any(np.any(c != 0) for c in comps)
 
 
@@ -298,7 +297,7 @@ def _gone(pid: int) -> bool:
 def test_killed_party_fails_fast_and_leaves_no_process(security: Security,
                                                        tmp_path: Path) -> None:
     table = make_table(150, 30, seed=9)
-    prep = prepare_inputs(table, 3, security, tmp_path, rng=np.random.default_rng(1))
+    prep = prepare_inputs(table, 3, security, tmp_path)
     victim = 1  # Bob
 
     async def scenario() -> tuple[EngineError, float, list[int]]:
