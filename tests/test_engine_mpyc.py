@@ -19,11 +19,16 @@ import pytest
 
 from ppfs.engines.mpyc_engine import MpycEngine, free_ports
 from ppfs.engines.mpyc_party import (
+    SECINT_BITS,
+    STATISTICAL_SECURITY,
+    JobError,
     RawWire,
     additive_summands,
     bind_loopback,
     conversion_roles,
+    make_secint,
     reconstruct_plain,
+    required_prime_bits,
     wrap_from_top_bits,
 )
 from ppfs.errors import EngineError, EngineUnavailableError
@@ -283,6 +288,21 @@ def test_select_matches_mirror_and_oracle(case: str, security: Security,
         assert np.abs(sel.reduced_raw).max() >= 1 << 36
     # Masked words only on disk and in the run: they differ from the plain results.
     assert not np.array_equal(sel.run.opened[: k].view(np.int64), sel.indices)
+    # every party ran at 40-bit statistical security, in a field large enough for it
+    for i in range(security.parties):
+        result = json.loads((tmp_path / "mpyc" / f"P{i}" / "result.json").read_text())
+        assert result["statistical_security"] == STATISTICAL_SECURITY >= 40
+        assert result["prime_bits"] >= required_prime_bits(STATISTICAL_SECURITY)
+
+
+def test_statistical_security_is_checked() -> None:
+    """The prime covers the longest comparison (63 bits) plus 40-bit masks, the
+    conversion (p > 2^66) and the opened value + mask (p > 2^123)."""
+    assert required_prime_bits(40) == max(63 + 40 + 2, 124)
+    assert required_prime_bits(40) <= SECINT_BITS + 40 + 2
+    weak = SimpleNamespace(options=SimpleNamespace(sec_param=30))
+    with pytest.raises(JobError, match="30-bit statistical security"):
+        make_secint(weak)
 
 
 def _pids(root: Path, n: int) -> list[int]:
