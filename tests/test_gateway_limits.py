@@ -215,3 +215,28 @@ def test_authenticated_body_over_the_cap_is_refused(tmp_path: Path) -> None:
         assert r.status_code == 401
     finally:
         s.close()
+
+
+def test_dev_stack_logs_are_private(tmp_path: Path) -> None:
+    import asyncio
+
+    from ppfs_gateway.devstack import Stack as DevStack
+    from ppfs_gateway.devstack import StackLayout
+
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o755)
+    (logs / "old.log").write_text("from an earlier run\n")
+    (logs / "old.log").chmod(0o644)
+    stack = DevStack(StackLayout(tmp_path, 3))
+
+    async def spawn(name: str) -> int:
+        proc = await stack._spawn(name, [sys.executable, "-c", "print('hello')"])
+        return await proc.wait()
+
+    assert asyncio.run(spawn("new")) == 0
+    assert asyncio.run(spawn("old")) == 0
+    assert stat.S_IMODE(logs.stat().st_mode) == 0o700
+    for name in ("new", "old"):
+        log = logs / f"{name}.log"
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600
+        assert "hello" in log.read_text()
