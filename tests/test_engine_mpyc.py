@@ -19,11 +19,16 @@ import pytest
 
 from ppfs.engines.mpyc_engine import MpycEngine, free_ports
 from ppfs.engines.mpyc_party import (
+    SECINT_BITS,
+    STATISTICAL_SECURITY,
+    JobError,
     RawWire,
     additive_summands,
     bind_loopback,
     conversion_roles,
+    make_secint,
     reconstruct_plain,
+    required_prime_bits,
     wrap_from_top_bits,
 )
 from ppfs.errors import EngineError, EngineUnavailableError
@@ -52,8 +57,7 @@ def _run(table: LabelledTable, k: int, security: Security, workdir: Path,
          fp: FixedPoint | None = None, progress=None):
     fp = fp or FixedPoint()
     sel = asyncio.run(run_select(table, k, security, MpycEngine(timeout=120), workdir,
-                                 fixed_point=fp, progress=progress,
-                                 rng=np.random.default_rng(7)))
+                                 fixed_point=fp, progress=progress))
     raw = fp.encode(table.x, fp.choose_exponents(table.x, table.columns), table.columns)
     ref = mirror(raw, table.y, sel.shape)
     return sel, ref
@@ -85,7 +89,7 @@ def test_conversion_plain_round_trip(scheme: Scheme) -> None:
     values = np.concatenate([EDGE, rng.integers(-lim, lim, size=5000, endpoint=True)])
     raw = values.reshape(-1, 1)
     for _ in range(20):  # many random sharings of the edge values
-        bundles = bundles_for_all(raw, scheme, rng, dataset_id="t", kind="data", frac_bits=0)
+        bundles = bundles_for_all(raw, scheme, dataset_id="t", kind="data", frac_bits=0)
         roles = conversion_roles(scheme)
         a = additive_summands(bundles[roles.a_party].components, roles, roles.a_party)
         b = additive_summands(bundles[roles.b_party].components, roles, roles.b_party)
@@ -161,7 +165,7 @@ def test_conversion_secure_round_trip(security: Security, tmp_path: Path) -> Non
     values = np.concatenate([EDGE, rng.integers(-(1 << 62) + 1, 1 << 62, size=200)])
     raw = values.reshape(-1, 2)
     scheme = security.scheme
-    for i, b in enumerate(bundles_for_all(raw, scheme, rng, dataset_id="t", kind="data",
+    for i, b in enumerate(bundles_for_all(raw, scheme, dataset_id="t", kind="data",
                                           frac_bits=0)):
         b.save(tmp_path / f"p{i}.shr")
     helper = tmp_path / "convert_helper.py"
@@ -178,7 +182,7 @@ def test_conversion_secure_round_trip(security: Security, tmp_path: Path) -> Non
 
 def test_share_components_are_uniform_looking() -> None:
     """Sanity of the test's premise: components of 0 are not 0."""
-    comps = share(np.zeros((4, 4), dtype=np.int64), Scheme.REP3, np.random.default_rng(0))
+    comps = share(np.zeros((4, 4), dtype=np.int64), Scheme.REP3)
     assert any(np.any(c != 0) for c in comps)
 
 
@@ -284,6 +288,21 @@ def test_select_matches_mirror_and_oracle(case: str, security: Security,
         assert np.abs(sel.reduced_raw).max() >= 1 << 36
     # Masked words only on disk and in the run: they differ from the plain results.
     assert not np.array_equal(sel.run.opened[: k].view(np.int64), sel.indices)
+    # every party ran at 40-bit statistical security, in a field large enough for it
+    for i in range(security.parties):
+        result = json.loads((tmp_path / "mpyc" / f"P{i}" / "result.json").read_text())
+        assert result["statistical_security"] == STATISTICAL_SECURITY >= 40
+        assert result["prime_bits"] >= required_prime_bits(STATISTICAL_SECURITY)
+
+
+def test_statistical_security_is_checked() -> None:
+    """The prime covers the longest comparison (63 bits) plus 40-bit masks, the
+    conversion (p > 2^66) and the opened value + mask (p > 2^123)."""
+    assert required_prime_bits(40) == max(63 + 40 + 2, 124)
+    assert required_prime_bits(40) <= SECINT_BITS + 40 + 2
+    weak = SimpleNamespace(options=SimpleNamespace(sec_param=30))
+    with pytest.raises(JobError, match="30-bit statistical security"):
+        make_secint(weak)
 
 
 def _pids(root: Path, n: int) -> list[int]:
@@ -298,7 +317,7 @@ def _gone(pid: int) -> bool:
 def test_killed_party_fails_fast_and_leaves_no_process(security: Security,
                                                        tmp_path: Path) -> None:
     table = make_table(150, 30, seed=9)
-    prep = prepare_inputs(table, 3, security, tmp_path, rng=np.random.default_rng(1))
+    prep = prepare_inputs(table, 3, security, tmp_path)
     victim = 1  # Bob
 
     async def scenario() -> tuple[EngineError, float, list[int]]:

@@ -76,7 +76,6 @@ async def run_scenario(
         onehot = table.one_hot()
         a, b = dep.add_owner("owner-a"), dep.add_owner("owner-b")
         rec = dep.add_owner("recipient")
-        rng = np.random.default_rng(5)
         cols = list(table.columns)
         label = dict(onehot=None, label_column=table.label_column, classes=table.classes)
         if combination == "horizontal":
@@ -93,7 +92,6 @@ async def run_scenario(
                     onehot=onehot[:half],
                     label_column=table.label_column,
                     classes=table.classes,
-                    rng=rng,
                 ),
                 data_upload(
                     b,
@@ -106,7 +104,6 @@ async def run_scenario(
                     onehot=onehot[half:],
                     label_column=table.label_column,
                     classes=table.classes,
-                    rng=rng,
                 ),
             ]
         else:
@@ -120,7 +117,6 @@ async def run_scenario(
                     exps[:cut],
                     dataset_id="ds-a",
                     upload_id="up-a",
-                    rng=rng,
                 ),
                 data_upload(
                     b,
@@ -131,12 +127,11 @@ async def run_scenario(
                     dataset_id="ds-b",
                     upload_id="up-b",
                     **{**label, "onehot": onehot},
-                    rng=rng,
                 ),
             ]
         shape = service_shape(table.m, table.p, table.n_classes, k, fp.value_bits, None)
-        words = draw_mask_words(shape.outputs, rng)
-        ups.append(mask_upload(rec, box, words, dataset_id="mask-1", upload_id="up-mask", rng=rng))
+        words = draw_mask_words(shape.outputs)
+        ups.append(mask_upload(rec, box, words, dataset_id="mask-1", upload_id="up-mask"))
         for up in ups:
             for i, stub in enumerate(stubs):
                 resp = await stub.PutUploadPart(upload_messages(up, i))
@@ -277,8 +272,7 @@ def test_cancel_kills_the_engine_process(tmp_path: Path) -> None:
                                  upload_id="u1", onehot=table.one_hot(),
                                  label_column=table.label_column, classes=table.classes)
                 shape = service_shape(table.m, table.p, table.n_classes, 1, fp.value_bits, None)
-                mask = mask_upload(rec, box, draw_mask_words(shape.outputs,
-                                                             np.random.default_rng()),
+                mask = mask_upload(rec, box, draw_mask_words(shape.outputs),
                                    dataset_id="m", upload_id="m1")
                 for u in (up, mask):
                     await stub.PutUploadPart(upload_messages(u, 0))
@@ -304,8 +298,7 @@ def test_cancel_kills_the_engine_process(tmp_path: Path) -> None:
                     await stub.FetchResultPart(party_pb2.FetchResultPartRequest(job_id="j1"))
                 assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
                 # a second job is running when the party is stopped (SIGTERM path)
-                mask2 = mask_upload(rec, box, draw_mask_words(shape.outputs,
-                                                              np.random.default_rng()),
+                mask2 = mask_upload(rec, box, draw_mask_words(shape.outputs),
                                     dataset_id="m", upload_id="m2")
                 await stub.PutUploadPart(upload_messages(mask2, 0))
                 desc.job_id, desc.mask_upload_id = "j2", "m2"

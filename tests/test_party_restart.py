@@ -100,7 +100,7 @@ class Cluster:
         return raw, words, shape
 
     def add_mask(self, box: list[bytes], shape: Step2AShape, mask_id: str) -> np.ndarray:
-        words = draw_mask_words(shape.outputs, np.random.default_rng())
+        words = draw_mask_words(shape.outputs)
         self._pending_mask = mask_upload(self.recipient, box, words, dataset_id=f"m-{mask_id}",
                                          upload_id=mask_id)
         self.masks = {**getattr(self, "masks", {}), mask_id: self._pending_mask}

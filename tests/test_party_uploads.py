@@ -113,7 +113,7 @@ def test_part_resealed_by_the_gateway_is_refused(tmp_path: Path) -> None:
                        box: list[bytes]) -> None:
         up = _upload(dep.owners["owner-a"], box, "u1")
         # the gateway shares its own values and seals them to Alice: valid box, wrong hash
-        forged = bundles_for_all(_raw(seed=9), Scheme.REP3, np.random.default_rng(1),
+        forged = bundles_for_all(_raw(seed=9), Scheme.REP3,
                                  dataset_id="ds", kind="data", frac_bits=16)[0]
         resealed = seal(pack_bundles([forged]), box[0])
         await _refused(stubs[0], upload_messages(up, 0, sealed=resealed),

@@ -19,9 +19,8 @@ from ppfs.upload import (
 
 
 def _upload(party_keys, owner, upload_id="u1"):
-    rng = np.random.default_rng(0)
     bundles = bundles_for_all(
-        np.arange(6).reshape(3, 2), Scheme.REP3, rng, dataset_id="ds", kind="data", frac_bits=16
+        np.arange(6).reshape(3, 2), Scheme.REP3, dataset_id="ds", kind="data", frac_bits=16
     )
     sealed = [
         seal(pack_bundles([b]), k.public_key.encode())

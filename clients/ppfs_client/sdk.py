@@ -261,10 +261,9 @@ class GatewayClient:
         exponents: Sequence[int] | None = None,
         deployment: Deployment | None = None,
         progress: Progress | None = None,
-        rng: np.random.Generator | None = None,
     ) -> dict[str, Any]:
         dep = deployment or self.deployment()
-        body = build_upload(keys, table, dataset_id, dep, exponents=exponents, rng=rng)
+        body = build_upload(keys, table, dataset_id, dep, exponents=exponents)
         return self.post_upload(dataset_id, body, progress)
 
     # -- what a result recipient does ------------------------------------------------
@@ -275,13 +274,11 @@ class GatewayClient:
         count: int,
         *,
         deployment: Deployment | None = None,
-        rng: np.random.Generator | None = None,
     ) -> str:
         """Draw ``count`` mask words, keep them next to the key file, upload them shared.
         Returns the mask upload id a job names."""
         dep = deployment or self.deployment()
-        rng = rng or np.random.default_rng()
-        words = draw_mask_words(count, rng)
+        words = draw_mask_words(count)
         holder = self.create_dataset(f"masks-{count}", kind="mask")
         mask_table = OwnerTable(MASK_COLUMNS, words.astype(np.float64))
         upload_id = uuid.uuid4().hex
@@ -291,7 +288,6 @@ class GatewayClient:
             mask_table,
             holder["id"],
             dep,
-            rng=rng,
             raw=words,
             kind="mask",
             upload_id=upload_id,
@@ -356,13 +352,11 @@ def build_upload(
     dep: Deployment,
     *,
     exponents: Sequence[int] | None = None,
-    rng: np.random.Generator | None = None,
     raw: np.ndarray | None = None,
     kind: str = "data",
     upload_id: str | None = None,
 ) -> dict[str, Any]:
     """Encode, share, pack, seal per party and sign: the body of one upload."""
-    rng = rng or np.random.default_rng()
     fp = dep.fixed_point
     if raw is None:
         exps = (
@@ -384,7 +378,7 @@ def build_upload(
         matrices.append(("labels", table.one_hot(), 0))
     for k, matrix, f in matrices:
         for i, b in enumerate(
-            bundles_for_all(matrix, dep.scheme, rng, dataset_id=dataset_id, kind=k, frac_bits=f)
+            bundles_for_all(matrix, dep.scheme, dataset_id=dataset_id, kind=k, frac_bits=f)
         ):
             per_party[i].append(b)
     sealed = [

@@ -62,17 +62,15 @@ def prepare_inputs(
     root: Path,
     *,
     fixed_point: FixedPoint | None = None,
-    rng: np.random.Generator | None = None,
     train: TrainParams | None = None,
     reveal_reduced: bool = True,
 ) -> PreparedInputs:
     fp = fixed_point or FixedPoint()
-    rng = rng or np.random.default_rng()
     shape = Step2AShape(table.m, table.p, table.n_classes, k, fp.value_bits,
                         reveal_reduced=reveal_reduced, train=train)
     exps = fp.choose_exponents(table.x, table.columns)
     raw = fp.encode(table.x, exps, table.columns)
-    words = draw_mask_words(shape.outputs, rng)
+    words = draw_mask_words(shape.outputs)
     dataset_id = uuid.uuid4().hex
     dirs = tuple(
         root / f"p{i}-{PARTY_NAMES[i].lower()}" / "inputs" for i in range(security.parties)
@@ -85,7 +83,7 @@ def prepare_inputs(
         ("mask", words, 0),
     ):
         bundles = bundles_for_all(
-            matrix, security.scheme, rng, dataset_id=dataset_id, kind=kind, frac_bits=frac
+            matrix, security.scheme, dataset_id=dataset_id, kind=kind, frac_bits=frac
         )
         for i, b in enumerate(bundles):
             b.save(dirs[i] / f"{kind}.shr")
@@ -101,7 +99,6 @@ async def run_select(
     *,
     fixed_point: FixedPoint | None = None,
     progress: Progress | None = None,
-    rng: np.random.Generator | None = None,
     train: TrainParams | None = None,
     reveal_reduced: bool = True,
     refuse_out_of_range: bool = True,
@@ -124,7 +121,7 @@ async def run_select(
         refuse_unstandardisable(raw, table.columns, fp.value_bits, train)
     if progress:
         progress("encoding and secret-sharing the data")
-    prepared = prepare_inputs(table, k, security, workdir, fixed_point=fp, rng=rng,
+    prepared = prepare_inputs(table, k, security, workdir, fixed_point=fp,
                               train=train, reveal_reduced=reveal_reduced)
     run = await engine.run_step2a(prepared.inputs, workdir, progress)
     shape = prepared.inputs.shape

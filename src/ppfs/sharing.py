@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,13 +65,25 @@ class Scheme(enum.Enum):
         return tuple(i for i in range(self.parties) if component in self.components_of(i))
 
 
-def share(raw: np.ndarray, scheme: Scheme, rng: np.random.Generator) -> list[np.ndarray]:
-    """Split int64/uint64 ``raw`` into ``scheme.parties`` uint64 components."""
+def random_words(shape: int | tuple[int, ...]) -> np.ndarray:
+    """Uniform uint64 words of ``shape`` from the OS CSPRNG (``os.urandom``).
+
+    Every secret the project draws (share components, mask words) comes from here,
+    never from numpy's generators: those are not cryptographic, and a long run of
+    their output gives away their state and so every other word they drew.
+    """
+    dims = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise ValueError("a shape has no negative dimension")
+    count = int(np.prod(dims, dtype=np.int64))
+    return np.frombuffer(os.urandom(8 * count), dtype="<u8").astype(np.uint64).reshape(dims)
+
+
+def share(raw: np.ndarray, scheme: Scheme) -> list[np.ndarray]:
+    """Split int64/uint64 ``raw`` into ``scheme.parties`` uint64 components; all but
+    the last are uniform words from :func:`random_words`."""
     x = np.asarray(raw).astype(np.uint64, copy=False)
-    comps = [
-        rng.integers(0, 1 << 64, size=x.shape, dtype=np.uint64, endpoint=False)
-        for _ in range(scheme.parties - 1)
-    ]
+    comps = [random_words(x.shape) for _ in range(scheme.parties - 1)]
     last = x.copy()
     for c in comps:
         last -= c  # uint64 arithmetic wraps mod 2^64
@@ -198,14 +211,13 @@ class ShareBundle:
 def bundles_for_all(
     raw: np.ndarray,
     scheme: Scheme,
-    rng: np.random.Generator,
     *,
     dataset_id: str,
     kind: str,
     frac_bits: int,
 ) -> list[ShareBundle]:
     """Share ``raw`` and cut the components into one bundle per party."""
-    comps = share(raw, scheme, rng)
+    comps = share(raw, scheme)
     return [
         ShareBundle.for_party(
             comps, scheme, i, dataset_id=dataset_id, kind=kind, frac_bits=frac_bits

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from ppfs.errors import ParameterError
-from ppfs.sharing import Scheme
+from ppfs.sharing import Scheme, random_words
 from ppfs.step2b import TrainConstants, TrainParams, model_outputs
 from ppfs.step2b import check_shape as check_train_shape
 from ppfs.step2b import constants as train_constants
@@ -261,8 +261,10 @@ def mask_values(words: np.ndarray) -> np.ndarray:
     return w[:, 0] + (w[:, 1] << np.uint64(MASK_WORD_BITS))
 
 
-def draw_mask_words(count: int, rng: np.random.Generator) -> np.ndarray:
-    return rng.integers(0, 1 << MASK_WORD_BITS, size=(count, 2), dtype=np.int64)
+def draw_mask_words(count: int) -> np.ndarray:
+    """(count, 2) uniform mask words below 2^MASK_WORD_BITS, from the OS CSPRNG."""
+    words = random_words((count, 2)) >> np.uint64(64 - MASK_WORD_BITS)
+    return words.astype(np.int64)
 
 
 def unmask(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,9 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ppfs_gateway.core.config import load_settings
-    from ppfs_gateway.main import create_app
+    from ppfs_gateway.main import DropQueryString, create_app
 
+    os.umask(0o077)  # the registry, spooled bodies and any log it writes: owner only
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
@@ -105,10 +107,12 @@ def _serve(args: argparse.Namespace) -> int:
         log_level="info",
         ssl_certfile=str(settings.https_cert) if settings.https_cert else None,
         ssl_keyfile=str(settings.https_key) if settings.https_key else None,
-        # the access log holds method, path and status only: no header, no token
+        # the access log holds method, path and status only: no header, no query string
         access_log=True,
     )
     server = uvicorn.Server(config)
+    # after uvicorn.Config has set up its loggers
+    logging.getLogger("uvicorn.access").addFilter(DropQueryString())
 
     async def run() -> None:
         task = asyncio.create_task(server.serve())

@@ -141,8 +141,11 @@ class Stack:
 
     async def _spawn(self, name: str, argv: list[str]) -> asyncio.subprocess.Process:
         logs = self.layout.root / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        with open(logs / f"{name}.log", "ab") as log:
+        logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(logs, 0o700)
+        fd = os.open(logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # also a log left by an earlier version
+        with os.fdopen(fd, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
             )

@@ -8,10 +8,16 @@ once here from the domain error hierarchy.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +31,7 @@ from ppfs_gateway.api.routes import datasets, deployment, health, jobs
 from ppfs_gateway.api.schemas import problem_responses
 from ppfs_gateway.auth import TokenTable
 from ppfs_gateway.core.config import Settings
-from ppfs_gateway.errors import classify
+from ppfs_gateway.errors import Unauthenticated, classify
 from ppfs_gateway.jobs import JobCoordinator
 from ppfs_gateway.parties import Parties
 from ppfs_gateway.registry import Registry
@@ -51,63 +57,161 @@ def problem(
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
-class BodyLimit:
-    """Refuse request bodies above ``limit`` bytes with 413, before they are buffered."""
+# query parameter names that would carry a credential; such a request is refused
+_CREDENTIAL_PARAM = re.compile(
+    r"token|auth|bearer|secret|password|passwd|api[_-]?key|credential|session", re.IGNORECASE
+)
+SPOOL_CHUNK = 1 << 20  # bytes handed to the app per message when a spooled body is replayed
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+
+def query_names(query_string: bytes) -> list[str]:
+    return [name for name, _ in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)]
+
+
+class RequestGuard:
+    """The first thing every request meets, before any byte of its body is read.
+
+    1. A credential in the query string (``?token=...``) is refused with 400: query
+       strings end up in access logs, proxies' logs and browser histories.
+    2. Every ``/v1/`` request is authenticated from its ``Authorization`` header; a
+       missing or unknown token is answered 401 at once and the body is never read.
+    3. A body declared or found larger than ``limit`` is refused with 413.
+    4. An accepted body is streamed into a private temporary file in ``spool_dir``
+       (mode 0600), never held in memory while it arrives, handed to the app from
+       there in chunks, and deleted when the request is over.
+
+    Early refusals carry ``Connection: close``, so the server stops receiving the body.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int, tokens: TokenTable, spool_dir: Path) -> None:
         self.app = app
         self.limit = limit
+        self.tokens = tokens
+        self.spool_dir = spool_dir
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path = scope.get("path", "")
+        if any(_CREDENTIAL_PARAM.search(n) for n in query_names(scope.get("query_string", b""))):
+            await self._refuse(scope, send, 400, "Credential in the query string",
+                               "credentials are never accepted in a query string; send "
+                               "'Authorization: Bearer <token>' instead (and replace this "
+                               "token: it may have been recorded along the way)",
+                               "token-in-query")
+            return
         headers = dict(scope.get("headers") or [])
+        if path.startswith("/v1/"):
+            try:
+                self.tokens.authenticate(_bearer_token(headers.get(b"authorization")))
+            except Unauthenticated as exc:
+                status, title, slug = classify(exc)
+                await self._refuse(scope, send, status, title, str(exc), slug)
+                return
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await self._too_large(scope, send)
             return
-        # read the body here, up to the limit (routes buffer JSON bodies anyway), so an
-        # oversize body is refused whatever Content-Length said
-        chunks: list[bytes] = []
+        if scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        self.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix="body-", dir=self.spool_dir)  # mode 0600
+        try:
+            with os.fdopen(fd, "w+b") as spool:
+                try:
+                    complete = await self._spool(receive, spool)
+                except _ClientGone:
+                    return
+                if not complete:
+                    await self._too_large(scope, send)
+                    return
+                spool.seek(0)
+                await self.app(scope, _replay(spool, receive), send)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+
+    async def _spool(self, receive: Receive, spool: BinaryIO) -> bool:
+        """Write the body to ``spool``; False once it passes the limit."""
         seen = 0
         more = True
         while more:
             msg = await receive()
             if msg["type"] != "http.request":
-                return  # client went away
+                raise _ClientGone
             chunk = msg.get("body", b"")
             seen += len(chunk)
             if seen > self.limit:
-                await self._too_large(scope, send)
-                return
-            chunks.append(chunk)
+                return False
+            spool.write(chunk)
             more = bool(msg.get("more_body", False))
-        body = b"".join(chunks)
-        delivered = False
-
-        async def replay() -> Message:
-            nonlocal delivered
-            if delivered:
-                return await receive()
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        return True
 
     async def _too_large(self, scope: Scope, send: Send) -> None:
-        resp = problem(
-            413,
-            "Upload too large",
-            f"request bodies are limited to {self.limit} bytes",
-            "too-large",
-            scope.get("path", ""),
-        )
+        await self._refuse(scope, send, 413, "Upload too large",
+                           f"request bodies are limited to {self.limit} bytes", "too-large")
+
+    @staticmethod
+    async def _refuse(
+        scope: Scope, send: Send, status: int, title: str, detail: str, slug: str
+    ) -> None:
+        resp = problem(status, title, detail, slug, scope.get("path", ""))
+        resp.headers["Connection"] = "close"
         await resp(scope, _no_receive, send)
+
+
+class _ClientGone(Exception):
+    """The client went away while its body was arriving."""
+
+
+def _bearer_token(value: bytes | None) -> str | None:
+    if not value:
+        return None
+    scheme, _, token = value.decode("latin-1").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def _replay(spool: BinaryIO, receive: Receive) -> Receive:
+    """The spooled body as ASGI messages, then the real channel (for disconnects)."""
+    done = False
+
+    async def replay() -> Message:
+        nonlocal done
+        if done:
+            return await receive()
+        chunk = spool.read(SPOOL_CHUNK)
+        more = bool(chunk) and spool.tell() < os.fstat(spool.fileno()).st_size
+        done = not more
+        return {"type": "http.request", "body": chunk, "more_body": more}
+
+    return replay
 
 
 async def _no_receive() -> Message:
     return {"type": "http.disconnect"}
+
+
+class DropQueryString(logging.Filter):
+    """Keep query strings out of the access log: only method, path and status remain."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            record.args = (*args[:2], args[2].split("?", 1)[0], *args[3:])
+        return True
+
+
+def private_state_dir(state_dir: Path) -> None:
+    """The state directory (registry, spooled bodies, logs) readable by the gateway only."""
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(state_dir, 0o700)
+    spool = state_dir / "spool"
+    if spool.is_dir():  # bodies left by a crash
+        for leftover in spool.glob("body-*"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
 
 
 def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
@@ -115,6 +219,7 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        private_state_dir(settings.state_dir)
         registry = Registry(settings.db_path)
         conn = parties or Parties.connect(settings)
         coordinator = JobCoordinator(registry, conn, settings.party_lost_seconds)
@@ -190,5 +295,10 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
             500, "Internal server error", "Internal server error.", "internal", request.url.path
         )
 
-    app.add_middleware(BodyLimit, limit=settings.max_upload_bytes)
+    app.add_middleware(
+        RequestGuard,
+        limit=settings.max_upload_bytes,
+        tokens=TokenTable(settings.tokens),
+        spool_dir=settings.state_dir / "spool",
+    )
     return app

@@ -223,16 +223,15 @@ def data_upload(
     owner: Owner, box_keys: Sequence[bytes], raw: np.ndarray, columns: Sequence[str],
     exponents: Sequence[int], *, dataset_id: str, upload_id: str,
     onehot: np.ndarray | None = None, label_column: str = "", classes: Sequence[str] = (),
-    frac_bits: int = 16, rng: np.random.Generator | None = None,
+    frac_bits: int = 16,
 ) -> SealedUpload:
     """Share encoded values (and the one-hot label) and seal one part per party."""
-    rng = rng or np.random.default_rng()
     scheme = Scheme.for_parties(len(box_keys))
     per_party: list[list[ShareBundle]] = [[] for _ in box_keys]
     for kind, matrix, frac in (("data", raw, frac_bits), ("labels", onehot, 0)):
         if matrix is None:
             continue
-        for i, b in enumerate(bundles_for_all(matrix, scheme, rng, dataset_id=dataset_id,
+        for i, b in enumerate(bundles_for_all(matrix, scheme, dataset_id=dataset_id,
                                               kind=kind, frac_bits=frac)):
             per_party[i].append(b)
     return seal_bundles(owner, box_keys, per_party, dataset_id=dataset_id, upload_id=upload_id,
@@ -242,12 +241,11 @@ def data_upload(
 
 def mask_upload(
     recipient: Owner, box_keys: Sequence[bytes], words: np.ndarray, *, dataset_id: str,
-    upload_id: str, rng: np.random.Generator | None = None,
+    upload_id: str,
 ) -> SealedUpload:
     """The result recipient's mask words, shared and sealed like any data."""
-    rng = rng or np.random.default_rng()
     scheme = Scheme.for_parties(len(box_keys))
-    bundles = bundles_for_all(words, scheme, rng, dataset_id=dataset_id, kind="mask",
+    bundles = bundles_for_all(words, scheme, dataset_id=dataset_id, kind="mask",
                               frac_bits=0)
     return seal_bundles(recipient, box_keys, [[b] for b in bundles], dataset_id=dataset_id,
                         upload_id=upload_id, rows=words.shape[0], columns=("w0", "w1"),

@@ -73,11 +73,16 @@ EXIT_SESSION = 5
 EXIT_OUT_OF_RANGE = 6  # a Step 2B range check failed: one public bit, nothing else
 
 JOB_VERSION = 1
-# Bit length of the secure integer type. MPyC picks a prime of l + k + 2 = 128 bits
-# (k = 30, the statistical security parameter). That covers every need at once:
-# the share conversion needs p > 2^66; comparisons of bit length L need p > 2^(L+k+1),
-# the longest being 63 bits (ranking); the opened value + mask, below 2^121 + 2^62,
-# must not wrap (it is read signed, so p > 2^123).
+# MPyC's statistical security parameter k (its -K option; MPyC's default is 30): the
+# random masks of every comparison and truncation exceed the masked value by k bits,
+# so an opened masked value tells its value apart with probability about 2^-k.
+STATISTICAL_SECURITY = 40
+# Bit length of the secure integer type. MPyC picks a prime of l + k + 2 = 138 bits.
+# That covers every need at once (:func:`required_prime_bits`): the share conversion
+# needs p > 2^66; a comparison or truncation of bit length L adds an (L + k)-bit mask,
+# so it needs p > 2^(L+k+2), the longest L being 63 (ranking, Step 2B's truncations):
+# 105 bits; the opened value + mask, below 2^121 + 2^62, must not wrap (it is read
+# signed, so p > 2^123).
 SECINT_BITS = 96
 # Elements per comparison batch: each batch is awaited before the next is scheduled,
 # so memory stays bounded (MPyC builds the whole lazy graph otherwise).
@@ -357,7 +362,7 @@ def make_runtime(mpyc_runtime: Any, job: PartyJob) -> Any:
     argv = [sys.argv[0]]
     for host, port in job.addresses:
         argv += ["-P", f"{host}:{port}"]
-    argv += ["-I", str(job.party), "--no-log"]
+    argv += ["-I", str(job.party), "--no-log", "-K", str(STATISTICAL_SECURITY)]
     if job.ssl:
         argv.append("--ssl")
     saved = sys.argv
@@ -369,6 +374,26 @@ def make_runtime(mpyc_runtime: Any, job: PartyJob) -> Any:
     if job.bind_host:
         bind_loopback(rt, job.bind_host)
     return rt
+
+
+def required_prime_bits(sec_param: int) -> int:
+    """Bits the field's prime needs for this program at statistical security ``sec_param``."""
+    longest = max(RING_BITS - 1, step2b.TRUNC_BITS, step2b.SIGMOID_BITS)
+    return max(RING_BITS + 3, longest + sec_param + 2, 2 * MASK_WORD_BITS + 4)
+
+
+def make_secint(rt: Any) -> Any:
+    """The secure integer type, after checking the runtime's statistical security and
+    that its prime is large enough for every comparison at that security."""
+    k = int(rt.options.sec_param)
+    if k < STATISTICAL_SECURITY:
+        raise JobError(f"MPyC runs with {k}-bit statistical security, "
+                       f"below {STATISTICAL_SECURITY}")
+    secint = rt.SecInt(SECINT_BITS)
+    bits = int(secint.field.modulus).bit_length()
+    if bits < required_prime_bits(k):
+        raise JobError(f"MPyC's prime has {bits} bits; {required_prime_bits(k)} are needed")
+    return secint
 
 
 def bind_loopback(rt: Any, host: str) -> None:
@@ -762,9 +787,13 @@ def run_party(job: PartyJob) -> int:
 
     mpyc_runtime = import_mpyc_runtime()
     rt = make_runtime(mpyc_runtime, job)
-    secint = rt.SecInt(SECINT_BITS)
+    secint = make_secint(rt)
     deadline = time.monotonic() + job.timeout
-    stats: dict[str, Any] = {"party": job.party}
+    stats: dict[str, Any] = {
+        "party": job.party,
+        "statistical_security": int(rt.options.sec_param),
+        "prime_bits": int(secint.field.modulus).bit_length(),
+    }
 
     async def session() -> None:
         status.phase("connecting")
