@@ -249,7 +249,7 @@ def test_training_job_returns_the_model(stack: Stack) -> None:
     keys = stack.keys["analyst-1"]
     training = {"epochs": 2, "batch_size": 8, "learning_rate": 0.5}
     job = analyst.submit(keys, ids, label="label", k=2, training=training)
-    assert job["training"] == {**training, "seed": 0}
+    assert job["training"] == {**training, "seed": 0, "weight_bits": step2b.WEIGHT_BITS}
     assert wait_final(analyst, job["id"])["state"] == "succeeded"
     got = analyst.fetch_result(keys, job["id"])
     ref = mirror(raw, t.y, Step2AShape(t.m, t.p, t.n_classes, 2))
