@@ -122,7 +122,7 @@ class World:
 
     def masks(self, shape: Step2AShape, upload_id: str, seed: int
               ) -> tuple[SealedUpload, np.ndarray]:
-        words = draw_mask_words(shape.outputs, np.random.default_rng(seed))
+        words = draw_mask_words(shape.outputs)
         rec = self.dep.owners["recipient"]
         return mask_upload(rec, self.box, words, dataset_id=f"m-{upload_id}",
                            upload_id=upload_id), words

@@ -162,7 +162,7 @@ def test_bad_training_parameters_are_refused(kwargs: dict[str, object]) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--epochs", "3"], "--epochs needs --train"),
+    (["--weight-bits", "0"], "weight range"),
     (["--no-reduced"], "--no-reduced needs --train"),
     (["--train", "--no-reduced", "--out", "x.csv"], "--out needs D'"),
     (["--train", "--lr", "-1"], "learning rate"),
