@@ -119,6 +119,27 @@ class PartyClient:
         except aio.AioRpcError as exc:
             raise self._error(exc, "the upload") from None
 
+    async def decide_upload(
+        self, dataset_id: str, upload_id: str, commit: bool, timeout: float | None = None
+    ) -> pb.UploadDecisionResponse:
+        req = pb.UploadDecisionRequest(dataset_id=dataset_id, upload_id=upload_id)
+        what = "CommitUpload" if commit else "AbortUpload"
+        try:
+            call = self.stub.CommitUpload if commit else self.stub.AbortUpload
+            return await call(req, timeout=timeout or self.rpc_seconds)
+        except aio.AioRpcError as exc:
+            raise self._error(exc, what) from None
+
+    async def list_uploads(
+        self, dataset_id: str, timeout: float | None = None
+    ) -> pb.ListUploadsResponse:
+        try:
+            return await self.stub.ListUploads(
+                pb.ListUploadsRequest(dataset_id=dataset_id), timeout=timeout or self.rpc_seconds
+            )
+        except aio.AioRpcError as exc:
+            raise self._error(exc, "ListUploads") from None
+
     async def start_job(self, req: pb.StartJobRequest) -> pb.StartJobResponse:
         try:
             return await self.stub.StartJob(req, timeout=self.rpc_seconds)
