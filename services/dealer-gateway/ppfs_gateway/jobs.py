@@ -314,6 +314,7 @@ class JobCoordinator:
                 return
             except NotFound:
                 pass
+        await c.ready(6.0)  # a party that just restarted: skip the reconnect backoff
         await c.start_job(req)
 
     async def _watch(self, job_id: str, c: PartyClient) -> None:

@@ -100,6 +100,15 @@ class PartyClient:
             return NotFound(f"{self.name}: {detail or 'not found'}")
         return PartyUnavailable(f"{self.name} did not answer {what} ({code.name.lower()})")
 
+    async def ready(self, seconds: float) -> bool:
+        """Wait (at most ``seconds``) for the channel to connect: a party that just
+        restarted is reached at once instead of after the channel's reconnect backoff."""
+        try:
+            await asyncio.wait_for(self.channel.channel_ready(), seconds)
+        except (TimeoutError, asyncio.CancelledError, aio.AioRpcError):
+            return False
+        return True
+
     async def identity(self) -> pb.PartyIdentity:
         try:
             return await self.stub.GetIdentity(pb.GetIdentityRequest(), timeout=self.rpc_seconds)

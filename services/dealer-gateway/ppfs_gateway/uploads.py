@@ -49,6 +49,8 @@ log = logging.getLogger("ppfs.gateway")
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 _ID = re.compile(ID_PATTERN)
 MASK_COLUMNS = ("mask_w0", "mask_w1")
+# how long an upload waits for a party's channel to (re)connect before sending
+READY_SECONDS = 6.0
 KINDS = ("data", "mask")
 
 
@@ -442,8 +444,9 @@ async def relay_upload(
         current = registry.get_dataset(ds.id)
         assert current is not None
         man, schema = check_manifest(current, up, who, len(parties), registry)
-        registry.stage_upload(ds.id, up.upload_id, len(parties))
         started = time.monotonic()
+        await asyncio.gather(*(c.ready(READY_SECONDS) for c in parties.clients))
+        registry.stage_upload(ds.id, up.upload_id, len(parties))
         results = await asyncio.gather(
             *(
                 c.put_upload_part(
@@ -477,8 +480,8 @@ async def relay_upload(
             )
             if isinstance(failure, GatewayError):
                 later = (
-                    f"; {', '.join(parties.clients[d.party].name for d in left)} drop their "
-                    "part when they are back"
+                    f"; {', '.join(parties.clients[d.party].name for d in left)} will drop "
+                    "any part of it when back"
                     if left
                     else ""
                 )
