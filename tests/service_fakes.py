@@ -431,12 +431,12 @@ def nothing() -> Any:
 class RealCluster:
     """Engineer A's party daemons (ppfs_party) in this process, mutual TLS, port 0."""
 
-    def __init__(self, n: int, root: Path, engines: tuple[str, ...]) -> None:
+    def __init__(self, n: int, root: Path, engines: tuple[str, ...], **overrides: Any) -> None:
         from ppfs_party.testing import Deployment
 
         self.n = n
         self.root = root
-        self.dep = Deployment.create(root / "parties", parties=n, engines=engines)
+        self.dep = Deployment.create(root / "parties", parties=n, engines=engines, **overrides)
         self.servers: list[Any] = []
         self.tls_dir = root / "pki"
         self.tls_dir.mkdir(parents=True, exist_ok=True)
