@@ -76,6 +76,8 @@ class FakeParty(pb_grpc.PartyServiceServicer):
         self.box = PrivateKey.generate()
         self.signing = SigningKey.generate()
         self.uploads: dict[str, tuple[Manifest, dict[str, ShareBundle]]] = {}
+        self.staged: dict[str, tuple[Manifest, dict[str, ShareBundle]]] = {}
+        self.aborted: set[str] = set()
         self.jobs: dict[str, FakeJob] = {}
         self.tombstones: set[str] = set()
         self.received_headers: list[pb.UploadPartHeader] = []
@@ -113,15 +115,43 @@ class FakeParty(pb_grpc.PartyServiceServicer):
             bundles = unpack_bundles(open_sealed(bytes(sealed), self.box))
         except UploadRejected as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if header.upload_id in self.uploads:
+        if header.upload_id in {*self.uploads, *self.staged, *self.aborted}:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, "upload replayed")
-        self.uploads[header.upload_id] = (man, {b.kind: b for b in bundles})
+        where = self.staged if header.staged else self.uploads
+        where[header.upload_id] = (man, {b.kind: b for b in bundles})
         return pb.PutUploadPartResponse(
             dataset_id=man.dataset_id,
             upload_id=man.upload_id,
             rows=man.rows,
             columns=len(man.columns),
         )
+
+    async def CommitUpload(self, request: Any, context: Any) -> pb.UploadDecisionResponse:
+        uid = request.upload_id
+        if uid in self.staged:
+            self.uploads[uid] = self.staged.pop(uid)
+        elif uid not in self.uploads:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "upload not staged")
+        return pb.UploadDecisionResponse(upload_id=uid, status=pb.UPLOAD_STATUS_COMMITTED)
+
+    async def AbortUpload(self, request: Any, context: Any) -> pb.UploadDecisionResponse:
+        uid = request.upload_id
+        if uid in self.uploads:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "committed")
+        self.staged.pop(uid, None)
+        self.aborted.add(uid)
+        return pb.UploadDecisionResponse(upload_id=uid, status=pb.UPLOAD_STATUS_ABORTED)
+
+    async def ListUploads(self, request: Any, context: Any) -> pb.ListUploadsResponse:
+        held = [
+            pb.HeldUpload(upload_id=u, manifest_sha256=m.digest(), rows=m.rows, status=st)
+            for where, st in ((self.uploads, pb.UPLOAD_STATUS_COMMITTED),
+                              (self.staged, pb.UPLOAD_STATUS_STAGED))
+            for u, (m, _) in where.items()
+            if m.dataset_id == request.dataset_id
+        ]
+        return pb.ListUploadsResponse(dataset_id=request.dataset_id,
+                                      uploads=sorted(held, key=lambda h: h.upload_id))
 
     async def GetDataset(self, request: Any, context: Any) -> pb.DatasetInfo:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "fake")
@@ -401,12 +431,12 @@ def nothing() -> Any:
 class RealCluster:
     """Engineer A's party daemons (ppfs_party) in this process, mutual TLS, port 0."""
 
-    def __init__(self, n: int, root: Path, engines: tuple[str, ...]) -> None:
+    def __init__(self, n: int, root: Path, engines: tuple[str, ...], **overrides: Any) -> None:
         from ppfs_party.testing import Deployment
 
         self.n = n
         self.root = root
-        self.dep = Deployment.create(root / "parties", parties=n, engines=engines)
+        self.dep = Deployment.create(root / "parties", parties=n, engines=engines, **overrides)
         self.servers: list[Any] = []
         self.tls_dir = root / "pki"
         self.tls_dir.mkdir(parents=True, exist_ok=True)

@@ -195,17 +195,22 @@ def test_compose_config(which: str, tmp_path: Path) -> None:
         for i, name in enumerate(parties):
             svc = services[name]
             assert svc["healthcheck"]["test"][0] == "CMD"
-            # MPC port published 1:1, nothing else published by a party
-            ports = svc["ports"]
-            assert len(ports) == 1
-            p = ports[0]
-            published, target = (
-                (int(p["published"]), int(p["target"])) if isinstance(p, dict)
-                else tuple(int(x) for x in str(p).split(":")[-2:])
-            )
-            assert published == target == 14000 + i
+            # the party's MPC port range published 1:1, nothing else published by a party
+            base = 14000 + 4 * i
+            pairs = set()
+            for p in svc["ports"]:
+                if isinstance(p, dict):
+                    pairs.add((int(p["published"]), int(p["target"])))
+                else:
+                    host, _, target = str(p).rpartition(":")
+                    hs = [int(x) for x in host.split(":")[-1].split("-")]
+                    ts = [int(x) for x in target.split("-")]
+                    hs, ts = list(range(hs[0], hs[-1] + 1)), list(range(ts[0], ts[-1] + 1))
+                    pairs |= set(zip(hs, ts, strict=True))
+            assert pairs == {(q, q) for q in range(base, base + 4)}, pairs
             cmd = svc["command"]
-            assert cmd[cmd.index("--mpc-port") + 1] == str(14000 + i)
+            assert cmd[cmd.index("--mpc-port") + 1] == str(base)
+            assert cmd[cmd.index("--mpc-port-count") + 1] == "4"
             assert cmd[cmd.index("--index") + 1] == str(i)
             # its own secret folder only, and a named volume for its share store
             assert [s["source"] for s in svc["secrets"]] == [name]

@@ -71,6 +71,19 @@ def add_commands(sub: Any) -> None:
     grant.add_argument("subject")
     _conn_args(grant)
     grant.set_defaults(func=_datasets_grant)
+    check = dsub.add_parser(
+        "check", help="what every party holds of a data set against the gateway's record"
+    )
+    check.add_argument("dataset_id")
+    _conn_args(check)
+    check.set_defaults(func=_datasets_check)
+    repair = dsub.add_parser(
+        "repair",
+        help="(owner) re-send your original sealed part to every party that lost it",
+    )
+    repair.add_argument("dataset_id")
+    _conn_args(repair)
+    repair.set_defaults(func=_datasets_repair)
 
     masks = sub.add_parser("masks", help="output masks of a result recipient")
     msub = masks.add_subparsers(dest="masks_command", required=True)
@@ -306,6 +319,43 @@ def _datasets_grant(args: argparse.Namespace) -> int:
         g = client.grant(args.dataset_id, args.subject)
     _out(args, g, f"granted {g['dataset_id']} to {g['subject']}")
     return 0
+
+
+def _check_text(c: dict[str, Any]) -> str:
+    lines = [
+        f"data set {c['dataset_id']}: {len(c['recorded'])} uploads recorded, "
+        + ("every party holds exactly them" if c["consistent"] else "INCONSISTENT")
+    ]
+    for p in c["parties"]:
+        if not p["reachable"]:
+            lines.append(f"  {p['name']}: unreachable ({p['error']})")
+            continue
+        held = sum(1 for h in p["held"] if h["status"] == "committed")
+        lines.append(f"  {p['name']}: holds {held} of {len(c['recorded'])}"
+                     + ("" if p["consistent"] else ": " + "; ".join(p["problems"])))
+    return "\n".join(lines)
+
+
+@_guard
+def _datasets_check(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        c = client.check_dataset(args.dataset_id)
+    _out(args, c, _check_text(c))
+    return 0 if c["consistent"] else EXIT_FAILED
+
+
+@_guard
+def _datasets_repair(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    with _client(args) as client:
+        done = client.repair_dataset(keys, args.dataset_id)
+        c = client.check_dataset(args.dataset_id)
+    for upload_id, party in done:
+        print(f"re-sent upload {upload_id} to {party}", file=sys.stderr)
+    if not done:
+        print("nothing of yours to repair", file=sys.stderr)
+    _out(args, c, _check_text(c))
+    return 0 if c["consistent"] else EXIT_FAILED
 
 
 @_guard

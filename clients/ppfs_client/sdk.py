@@ -23,10 +23,7 @@ import httpx
 import numpy as np
 
 from ppfs.contract import (
-    Combination,
-    DatasetSchema,
     open_result,
-    plan,
     service_shape,
     training_from_body,
 )
@@ -36,6 +33,7 @@ from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.step2a import draw_mask_words, unmask_all
 from ppfs.upload import Manifest, pack_bundles, seal, sign_manifest
 from ppfs_client.keys import ClientKeys
+from ppfs_client.sent import load_sent, save_sent
 
 MASK_COLUMNS = ("mask_w0", "mask_w1")
 Progress = Callable[[int, int], None]  # (bytes sent, total)
@@ -264,7 +262,37 @@ class GatewayClient:
     ) -> dict[str, Any]:
         dep = deployment or self.deployment()
         body = build_upload(keys, table, dataset_id, dep, exponents=exponents)
+        save_sent(keys, dataset_id, body)  # for `ppfs datasets repair`
         return self.post_upload(dataset_id, body, progress)
+
+    # -- all-or-nothing uploads: what every party holds, and repairs ------------------
+
+    def check_dataset(self, dataset_id: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/v1/datasets/{dataset_id}/check"))
+
+    def repair_dataset(self, keys: ClientKeys, dataset_id: str) -> list[tuple[str, str]]:
+        """Re-send this owner's original sealed part to every party that lost it;
+        returns (upload id, party name) of each repair."""
+        check = self.check_dataset(dataset_id)
+        mine = {u["upload_id"] for u in check["recorded"] if u["owner_id"] == keys.subject}
+        done = []
+        for p in check["parties"]:
+            for upload_id in p["missing"]:
+                if upload_id not in mine:
+                    continue
+                sent = load_sent(keys, upload_id)
+                self._call(
+                    "POST",
+                    f"/v1/datasets/{dataset_id}/uploads/{upload_id}/repair",
+                    {
+                        "party": p["index"],
+                        "manifest": sent["manifest"],
+                        "manifest_signature": sent["manifest_signature"],
+                        "part": sent["parts"][p["index"]],
+                    },
+                )
+                done.append((upload_id, p["name"]))
+        return done
 
     # -- what a result recipient does ------------------------------------------------
 
@@ -309,19 +337,6 @@ class GatewayClient:
         mask_upload_id: str | None = None,
     ) -> dict[str, Any]:
         """Submit a job; without ``mask_upload_id`` draw and upload fresh masks first."""
-        if mask_upload_id is None:
-            sets = [self.get_dataset(d) for d in dataset_ids]
-            planned = plan(
-                [DatasetSchema(d["id"], tuple(d["columns"]), tuple(d["column_exponents"]),
-                               d["label_column"], tuple(d["classes"]),
-                               int(d.get("frac_bits") or 16), int(d["rows"])) for d in sets],
-                Combination.parse(combination), label,
-            )
-            fp = FixedPoint(frac_bits=planned.frac_bits)
-            shape = service_shape(planned.m, planned.p, len(planned.classes), k,
-                                  fp.value_bits, training_from_body(training))
-            count = shape.outputs  # the selection (and the model); D' stays inside MPC
-            mask_upload_id = self.create_masks(keys, count)
         body: dict[str, Any] = {
             "dataset_ids": list(dataset_ids),
             "combination": combination,
@@ -330,11 +345,19 @@ class GatewayClient:
             "security": security,
             "engine": engine,
             "recipient_public_key": base64.b64encode(keys.box_public_key).decode(),
-            "mask_upload_id": mask_upload_id,
         }
         if training is not None:
             body["training"] = training
+        if mask_upload_id is None:
+            # every check first (nothing stored): a refused job leaves no masks behind
+            valid = self.validate_job(body)
+            count = int(valid["outputs"])  # the selection (and the model); D' stays in MPC
+            mask_upload_id = self.create_masks(keys, count)
+        body["mask_upload_id"] = mask_upload_id
         return self.submit_job(body)
+
+    def validate_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._call("POST", "/v1/jobs/validate", body))
 
     def fetch_result(
         self, keys: ClientKeys, job_id: str, deployment: Deployment | None = None

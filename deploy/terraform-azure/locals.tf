@@ -10,11 +10,13 @@ locals {
     for i, name in local.party_names : name => {
       index      = i
       private_ip = local.party_ips[i]
-      mpc_port   = var.mpc_port_base + i
+      mpc_port   = var.mpc_port_base + i * var.mpc_ports_per_party
     }
   }
 
-  mpc_port_range = var.party_count == 1 ? tostring(var.mpc_port_base) : "${var.mpc_port_base}-${var.mpc_port_base + var.party_count - 1}"
+  # each party's range of mpc_ports_per_party ports (one per job, in rotation), all parties'
+  # ranges side by side
+  mpc_port_range = "${var.mpc_port_base}-${var.mpc_port_base + var.party_count * var.mpc_ports_per_party - 1}"
 
   key_vault_name   = element(split("/", var.key_vault_id), 8)
   key_vault_uri    = "https://${local.key_vault_name}.vault.azure.net"

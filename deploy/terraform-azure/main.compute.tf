@@ -29,6 +29,7 @@ locals {
         "party serve --state-dir /var/lib/ppfs/state --index ${p.index}",
         "--listen 0.0.0.0:${var.grpc_port}",
         "--mpc-host ${p.private_ip} --mpc-port ${p.mpc_port}",
+        "--mpc-port-count ${var.mpc_ports_per_party}",
       ])
     })
   }

@@ -211,12 +211,23 @@ variable "secret_prefix" {
 
 variable "mpc_port_base" {
   type        = number
-  description = "MPC port of party 0; party i listens on mpc_port_base + i (published 1:1 on the VM)."
+  description = "First MPC port of party 0; party i uses mpc_ports_per_party ports from mpc_port_base + i * mpc_ports_per_party (bound 1:1 on the VM)."
   default     = 14000
 
   validation {
     condition     = var.mpc_port_base >= 1024 && var.mpc_port_base <= 65000
     error_message = "mpc_port_base must be between 1024 and 65000."
+  }
+}
+
+variable "mpc_ports_per_party" {
+  type        = number
+  description = "MPC ports per party: the gateway gives each job the next one, so consecutive jobs never share an engine port."
+  default     = 4
+
+  validation {
+    condition     = var.mpc_ports_per_party >= 1 && var.mpc_ports_per_party <= 64
+    error_message = "mpc_ports_per_party must be between 1 and 64."
   }
 }
 

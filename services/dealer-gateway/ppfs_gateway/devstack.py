@@ -11,6 +11,12 @@ Layout of the state directory (private files mode 0600)::
     tokens.json         bearer tokens per principal
     env/<subject>.env   PPFS_GATEWAY, PPFS_TOKEN and PPFS_KEY for `source`
     logs/               one log per process
+
+``ppfs up`` supervises: a party that dies is reported (one line naming it) and started
+again on the same ports, after 1, 2, 4, 8 then 16 s; a party that dies five times in a
+row without staying up a minute is left stopped, and SIGHUP to ``ppfs up`` starts it
+again. The gateway fails the job that was running, naming the party that died. Each
+party gets MPC_PORTS consecutive MPC ports, one per job in rotation.
 """
 
 from __future__ import annotations
@@ -42,10 +48,33 @@ PRINCIPALS = (
     ("admin", "admin"),
 )
 START_TIMEOUT = 60.0
+# MPC ports per party: the gateway gives each job the next one, so an engine still
+# winding down from one job never meets the next job's engines
+MPC_PORTS = 4
+RESTART_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0)
+STABLE_SECONDS = 60.0  # a party up this long has its restart count reset
 
 
-
-
+def free_port_ranges(parties: int, count: int, host: str = "127.0.0.1") -> list[int]:
+    """First ports of ``parties`` disjoint ranges of ``count`` ports free right now."""
+    bases: list[int] = []
+    taken: set[int] = set()
+    for _ in range(200):
+        if len(bases) == parties:
+            return bases
+        base = free_ports(1, host)[0]
+        span = set(range(base, base + count))
+        if base + count > 65535 or span & taken:
+            continue
+        try:
+            for port in span:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind((host, port))
+        except OSError:
+            continue
+        bases.append(base)
+        taken |= span
+    raise PpfsError(f"no {parties} free ranges of {count} ports on {host}")
 
 def _write_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -131,12 +160,23 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
             ) from None
 
 
+@dataclass
+class PartyProcess:
+    name: str  # display name: Alice, Bob, ...
+    argv: list[str]
+    port_file: Path
+    proc: asyncio.subprocess.Process
+    started: float = 0.0
+    restarts: int = 0  # in a row, without staying up STABLE_SECONDS
+
+
 class Stack:
     """The running processes of a local stack."""
 
     def __init__(self, layout: StackLayout) -> None:
         self.layout = layout
         self.procs: list[tuple[str, asyncio.subprocess.Process]] = []
+        self.parties: list[PartyProcess] = []
         self.url = ""
 
     async def _spawn(self, name: str, argv: list[str]) -> asyncio.subprocess.Process:
@@ -175,7 +215,7 @@ class Stack:
         lay = self.layout
         run = lay.root / "run"
         run.mkdir(exist_ok=True)
-        mpc_ports = free_ports(lay.parties)
+        mpc_ports = free_port_ranges(lay.parties, MPC_PORTS)
         party_ports = []
         for i, state in enumerate(lay.party_dirs):
             name = PARTY_NAMES[i].lower()
@@ -186,10 +226,14 @@ class Stack:
                 "--state-dir", str(state), "--index", str(i),
                 "--listen", "127.0.0.1:0", "--port-file", str(pf),
                 "--mpc-host", "127.0.0.1", "--mpc-port", str(mpc_ports[i]),
-                "--mpc-bind-host", "127.0.0.1",
+                "--mpc-port-count", str(MPC_PORTS), "--mpc-bind-host", "127.0.0.1",
             ]  # fmt: skip
             proc = await self._spawn(name, argv)
-            party_ports.append(await self._port(name, proc, pf))
+            control = await self._port(name, proc, pf)
+            party_ports.append(control)
+            # a restart binds the same control port: the gateway's config names it
+            argv[argv.index("--listen") + 1] = f"127.0.0.1:{control}"
+            self.parties.append(PartyProcess(PARTY_NAMES[i], argv, pf, proc, time.monotonic()))
         gw_dir = lay.root / "gateway"
         config = {
             "state_dir": "state",
@@ -231,6 +275,74 @@ class Stack:
                 f"export PPFS_KEY={lay.key_file(subject).resolve()}\n",
             )
 
+    async def restart_party(self, party: PartyProcess) -> None:
+        """Start a party again on its ports (its job records say which job it lost)."""
+        party.port_file.unlink(missing_ok=True)
+        self.procs = [(n, p) for n, p in self.procs if p is not party.proc]
+        party.proc = await self._spawn(party.name.lower(), party.argv)
+        await self._port(party.name.lower(), party.proc, party.port_file)
+        party.started = time.monotonic()
+
+    async def supervise(self, stop: asyncio.Event, retry: asyncio.Event) -> int:
+        """Until ``stop``: restart parties that die (bounded backoff); ``retry`` (SIGHUP)
+        starts the parties left stopped. Returns 1 if the gateway died."""
+        gateway = next(p for n, p in self.procs if n == "gateway")
+        given_up: set[str] = set()
+        while not stop.is_set():
+            waiters = {asyncio.create_task(p.proc.wait()): p for p in self.parties
+                       if p.name not in given_up}
+            others = [asyncio.create_task(stop.wait()), asyncio.create_task(retry.wait()),
+                      asyncio.create_task(gateway.wait())]
+            await asyncio.wait([*waiters, *others], return_when=asyncio.FIRST_COMPLETED)
+            for t in (*waiters, *others):
+                t.cancel()
+            if stop.is_set():
+                return 0
+            if gateway.returncode is not None:
+                print(f"ppfs: error: the gateway exited with code {gateway.returncode}; "
+                      "stopping the stack", file=sys.stderr, flush=True)
+                return 1
+            if retry.is_set():
+                retry.clear()
+                for p in self.parties:
+                    if p.proc.returncode is not None:
+                        given_up.discard(p.name)
+                        p.restarts = 0
+                        print(f"ppfs: restarting {p.name}", file=sys.stderr, flush=True)
+                        await self._restart_reporting(p, given_up)
+                continue
+            for p in self.parties:
+                if p.proc.returncode is None or p.name in given_up:
+                    continue
+                if time.monotonic() - p.started > STABLE_SECONDS:
+                    p.restarts = 0
+                if p.restarts >= len(RESTART_DELAYS):
+                    given_up.add(p.name)
+                    print(f"ppfs: {p.name} keeps dying (exit code {p.proc.returncode}); left "
+                          f"stopped: send SIGHUP to ppfs up (pid {os.getpid()}) to restart it",
+                          file=sys.stderr, flush=True)
+                    continue
+                delay = RESTART_DELAYS[p.restarts]
+                p.restarts += 1
+                print(f"ppfs: {p.name} died (exit code {p.proc.returncode}); restarting it in "
+                      f"{delay:.0f} s (restart {p.restarts} of {len(RESTART_DELAYS)}); see "
+                      f"{self.layout.root / 'logs' / (p.name.lower() + '.log')}",
+                      file=sys.stderr, flush=True)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                if stop.is_set():
+                    return 0
+                await self._restart_reporting(p, given_up)
+        return 0
+
+    async def _restart_reporting(self, p: PartyProcess, given_up: set[str]) -> None:
+        try:
+            await self.restart_party(p)
+        except PpfsError as exc:
+            print(f"ppfs: {p.name} did not start again: {exc}", file=sys.stderr, flush=True)
+            return
+        print(f"ppfs: {p.name} is running again", file=sys.stderr, flush=True)
+
     async def stop(self) -> None:
         for _, proc in reversed(self.procs):
             if proc.returncode is None:
@@ -259,20 +371,12 @@ async def run_stack(args: argparse.Namespace) -> int:
         )
         print(f"  logs         {layout.root / 'logs'}")
         print("Ctrl-C stops everything.", flush=True)
-        stop = asyncio.Event()
+        stop, retry = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        waiters = [asyncio.create_task(p.wait()) for _, p in stack.procs]
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait([stopper, *waiters], return_when=asyncio.FIRST_COMPLETED)
-        for t in (stopper, *waiters):
-            t.cancel()
-        dead = [name for name, p in stack.procs if p.returncode is not None]
-        if dead:
-            print(f"ppfs: error: {', '.join(dead)} stopped; stopping the stack", file=sys.stderr)
-            return 1
-        return 0
+        loop.add_signal_handler(signal.SIGHUP, retry.set)
+        return await stack.supervise(stop, retry)
     finally:
         await stack.stop()
 

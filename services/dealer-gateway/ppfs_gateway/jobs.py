@@ -34,6 +34,7 @@ from ppfs.contract import (
 )
 from ppfs.contract import IncompatibleDatasets as _Incompatible
 from ppfs.errors import ParameterError
+from ppfs.jobflags import ENGINE_SECURITIES
 from ppfs.step2a import Security, Step2AShape
 from ppfs.v1 import party_pb2 as pb
 from ppfs_gateway.auth import Principal
@@ -48,7 +49,7 @@ from ppfs_gateway.errors import (
 )
 from ppfs_gateway.parties import Parties, PartyClient
 from ppfs_gateway.registry import FINAL_STATES, JobRecord, PartyJobState, Registry
-from ppfs_gateway.uploads import new_id, visible_dataset
+from ppfs_gateway.uploads import UploadKeeper, check_path_id, new_id, visible_dataset
 
 log = logging.getLogger("ppfs.gateway")
 
@@ -99,6 +100,7 @@ def plan_job(
     identities: list[pb.PartyIdentity],
     job_id: str,
     sequence: int = 0,
+    validate_only: bool = False,
 ) -> JobPlan:
     """Every check a job needs before anything is stored or sent (pure but for reads)."""
     try:
@@ -113,9 +115,17 @@ def plan_job(
             f"{security.value} needs {security.parties} parties; "
             f"this deployment has {len(identities)}"
         )
+    runs = ENGINE_SECURITIES.get(spec.engine)
+    if runs is None:
+        raise InvalidRequest(f"engine: unknown engine {spec.engine!r}")
+    if security.value not in runs:
+        raise InvalidRequest(
+            f"engine/security: {spec.engine} does not run {security.value}; "
+            f"it runs {', '.join(runs)}"
+        )
     for ident in identities:
         if spec.engine not in ident.engines:
-            raise InvalidRequest(f"{ident.name} does not offer the engine {spec.engine!r}")
+            raise InvalidRequest(f"engine: {ident.name} does not offer the engine {spec.engine!r}")
     combination = Combination.parse(spec.combination)
     if not spec.dataset_ids:
         raise InvalidRequest("name at least one data set")
@@ -142,9 +152,11 @@ def plan_job(
         raise IncompatibleSchemas(str(exc)) from None
     except ParameterError as exc:
         raise InvalidRequest(str(exc)) from None
-    found = registry.find_upload(spec.mask_upload_id)
+    found = registry.find_upload(spec.mask_upload_id) if not validate_only else None
     mask = registry.get_dataset(found[0]) if found else None
-    if found is None or mask is None or mask.kind != "mask" or mask.owner_id != who.subject:
+    if not validate_only and (
+        found is None or mask is None or mask.kind != "mask" or mask.owner_id != who.subject
+    ):
         raise NotFound(f"no mask upload {spec.mask_upload_id!r} of yours")
     # ParameterError on a bad shape or parameters; D' is never opened in service mode
     job = JobContract(
@@ -156,7 +168,7 @@ def plan_job(
         peer_mpc_addresses=tuple(f"{i.mpc_host}:{mpc_port(i, sequence)}" for i in identities),
     )
     shape = job.shape
-    if found[2] != shape.outputs:
+    if found is not None and found[2] != shape.outputs:
         raise InvalidRequest(
             f"the mask upload holds {found[2]} mask words; this job opens {shape.outputs} "
             f"(k = {shape.k} selected indices{' and the model' if job.training else ''})"
@@ -182,8 +194,23 @@ class JobCoordinator:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._dispatch = asyncio.Lock()
+        # all-or-nothing uploads: their commit/abort decisions, checks and repairs
+        self.uploads = UploadKeeper(registry, parties, rpc_seconds=self.rpc_seconds)
 
     # -- submission --------------------------------------------------------------
+
+    async def validate(self, who: Principal, spec: JobSpec) -> JobPlan:
+        """Every check of :meth:`submit` but the mask upload's, storing nothing: a client
+        validates before it uploads masks, so a refused job leaves no masks behind."""
+        if who.role not in (Role.ANALYST, Role.DATA_OWNER, Role.ADMIN):
+            raise Forbidden("this role cannot submit jobs")
+        identities = await self.parties.identities()
+        try:
+            plan = plan_job(self.registry, who, spec, identities, "validate", validate_only=True)
+        except ParameterError as exc:
+            raise InvalidRequest(str(exc)) from None
+        await self.uploads.require_complete(list(spec.dataset_ids))
+        return plan
 
     async def submit(self, who: Principal, spec: JobSpec) -> JobRecord:
         if who.role not in (Role.ANALYST, Role.DATA_OWNER, Role.ADMIN):
@@ -195,6 +222,9 @@ class JobCoordinator:
                             sequence=self.registry.count_jobs())
         except ParameterError as exc:
             raise InvalidRequest(str(exc)) from None
+        # every party holds exactly the uploads the job pins (a lost part is named here,
+        # before anything is stored)
+        await self.uploads.require_complete(list(spec.dataset_ids))
         blob, sha = plan.description.SerializeToString(deterministic=True), plan.sha256
         request = {
             "dataset_ids": list(spec.dataset_ids),
@@ -228,12 +258,15 @@ class JobCoordinator:
         task.add_done_callback(lambda _t: self._tasks.pop(job_id, None))
 
     async def reconcile(self) -> None:
-        """After a restart: pick up every job that had not reached a final state."""
+        """After a restart: pick up every job that had not reached a final state (and
+        start sending pending upload decisions)."""
+        await self.uploads.start()
         for job in self.registry.unfinished_jobs():
             log.info("[Gateway.Reconcile] job=%s state=%s", job.id, job.state)
             self._spawn(job.id, resume=True)
 
     async def close(self) -> None:
+        await self.uploads.close()
         tasks = list(self._tasks.values())
         for t in tasks:
             t.cancel()
@@ -281,6 +314,7 @@ class JobCoordinator:
                 return
             except NotFound:
                 pass
+        await c.ready(6.0)  # a party that just restarted: skip the reconnect backoff
         await c.start_job(req)
 
     async def _watch(self, job_id: str, c: PartyClient) -> None:
@@ -428,7 +462,7 @@ class JobCoordinator:
     # -- reading -----------------------------------------------------------------
 
     def visible(self, who: Principal, job_id: str) -> JobRecord:
-        job = self.registry.get_job(job_id) if len(job_id) <= 64 else None
+        job = self.registry.get_job(check_path_id(job_id, "job_id"))
         if job is None or (who.role is not Role.ADMIN and job.submitter != who.subject):
             raise NotFound(f"no job {job_id!r}")
         return job

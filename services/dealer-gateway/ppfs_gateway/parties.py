@@ -100,6 +100,15 @@ class PartyClient:
             return NotFound(f"{self.name}: {detail or 'not found'}")
         return PartyUnavailable(f"{self.name} did not answer {what} ({code.name.lower()})")
 
+    async def ready(self, seconds: float) -> bool:
+        """Wait (at most ``seconds``) for the channel to connect: a party that just
+        restarted is reached at once instead of after the channel's reconnect backoff."""
+        try:
+            await asyncio.wait_for(self.channel.channel_ready(), seconds)
+        except (TimeoutError, asyncio.CancelledError, aio.AioRpcError):
+            return False
+        return True
+
     async def identity(self) -> pb.PartyIdentity:
         try:
             return await self.stub.GetIdentity(pb.GetIdentityRequest(), timeout=self.rpc_seconds)
@@ -118,6 +127,27 @@ class PartyClient:
             return await self.stub.PutUploadPart(chunks(), timeout=self.rpc_seconds * 4)
         except aio.AioRpcError as exc:
             raise self._error(exc, "the upload") from None
+
+    async def decide_upload(
+        self, dataset_id: str, upload_id: str, commit: bool, timeout: float | None = None
+    ) -> pb.UploadDecisionResponse:
+        req = pb.UploadDecisionRequest(dataset_id=dataset_id, upload_id=upload_id)
+        what = "CommitUpload" if commit else "AbortUpload"
+        try:
+            call = self.stub.CommitUpload if commit else self.stub.AbortUpload
+            return await call(req, timeout=timeout or self.rpc_seconds)
+        except aio.AioRpcError as exc:
+            raise self._error(exc, what) from None
+
+    async def list_uploads(
+        self, dataset_id: str, timeout: float | None = None
+    ) -> pb.ListUploadsResponse:
+        try:
+            return await self.stub.ListUploads(
+                pb.ListUploadsRequest(dataset_id=dataset_id), timeout=timeout or self.rpc_seconds
+            )
+        except aio.AioRpcError as exc:
+            raise self._error(exc, "ListUploads") from None
 
     async def start_job(self, req: pb.StartJobRequest) -> pb.StartJobResponse:
         try:

@@ -38,6 +38,17 @@ CREATE TABLE IF NOT EXISTS uploads (
   manifest_sha256 TEXT NOT NULL,
   created_at TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS upload_decisions (
+  upload_id TEXT NOT NULL,
+  dataset_id TEXT NOT NULL,
+  party INTEGER NOT NULL,
+  decision TEXT NOT NULL,
+  done INTEGER NOT NULL DEFAULT 0,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  error TEXT NOT NULL DEFAULT '',
+  updated_at TEXT NOT NULL,
+  PRIMARY KEY (upload_id, party)
+);
 CREATE TABLE IF NOT EXISTS grants (
   dataset_id TEXT NOT NULL REFERENCES datasets(id),
   subject TEXT NOT NULL,
@@ -105,6 +116,21 @@ class DatasetSchema:
             int(d["frac_bits"]),
             d["scheme"],
         )
+
+
+@dataclass(frozen=True)
+class UploadDecision:
+    """The gateway's decision on one upload at one party: ``staging`` while the parts are
+    being sent, then ``commit`` (every party stored its part) or ``abort``; ``done`` once
+    the party acknowledged it."""
+
+    upload_id: str
+    dataset_id: str
+    party: int
+    decision: str
+    done: bool
+    attempts: int
+    error: str
 
 
 @dataclass(frozen=True)
@@ -216,11 +242,29 @@ class Registry:
         )
 
     def upload_exists(self, upload_id: str) -> bool:
+        """Committed, being sent, or aborted: an upload id is used once."""
         with self._lock:
             row = self._db.execute("SELECT 1 FROM uploads WHERE id = ?", (upload_id,)).fetchone()
+            if row is None:
+                row = self._db.execute(
+                    "SELECT 1 FROM upload_decisions WHERE upload_id = ?", (upload_id,)
+                ).fetchone()
             return row is not None
 
-    def add_upload(
+    # -- all-or-nothing uploads --------------------------------------------------
+
+    def stage_upload(self, dataset_id: str, upload_id: str, parties: int) -> None:
+        """Record that an upload's parts are being sent (aborted if the gateway stops)."""
+        t = now()
+        with self._tx() as db:
+            for i in range(parties):
+                db.execute(
+                    "INSERT INTO upload_decisions (upload_id, dataset_id, party, decision,"
+                    " updated_at) VALUES (?,?,?,?,?)",
+                    (upload_id, dataset_id, i, "staging", t),
+                )
+
+    def commit_upload(
         self,
         dataset_id: str,
         upload_id: str,
@@ -229,6 +273,8 @@ class Registry:
         rows: int,
         manifest_sha256: str,
     ) -> None:
+        """Every party stored its part: the upload joins its data set and every party is
+        to commit it, in one transaction."""
         with self._tx() as db:
             db.execute(
                 "INSERT INTO uploads (id, dataset_id, owner_id, rows, manifest_sha256, created_at)"
@@ -239,6 +285,81 @@ class Registry:
                 "UPDATE datasets SET schema_json = ?, rows = rows + ? WHERE id = ?",
                 (schema.to_json(), rows, dataset_id),
             )
+            db.execute(
+                "UPDATE upload_decisions SET decision = 'commit', updated_at = ?"
+                " WHERE upload_id = ?",
+                (now(), upload_id),
+            )
+
+    def abort_upload(self, upload_id: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE upload_decisions SET decision = 'abort', updated_at = ?"
+                " WHERE upload_id = ? AND decision = 'staging'",
+                (now(), upload_id),
+            )
+
+    def abort_interrupted(self) -> int:
+        """After a restart: uploads whose parts were still being sent are aborted."""
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE upload_decisions SET decision = 'abort', updated_at = ?"
+                " WHERE decision = 'staging'",
+                (now(),),
+            )
+            return int(cur.rowcount)
+
+    def decision_done(self, upload_id: str, party: int, error: str = "") -> None:
+        """``error`` empty: acknowledged; else one more failed attempt."""
+        with self._tx() as db:
+            if error:
+                db.execute(
+                    "UPDATE upload_decisions SET attempts = attempts + 1, error = ?,"
+                    " updated_at = ? WHERE upload_id = ? AND party = ?",
+                    (error[:300], now(), upload_id, party),
+                )
+            else:
+                db.execute(
+                    "UPDATE upload_decisions SET done = 1, error = '', updated_at = ?"
+                    " WHERE upload_id = ? AND party = ?",
+                    (now(), upload_id, party),
+                )
+
+    def decisions(
+        self, *, pending: bool = False, upload_id: str | None = None,
+        dataset_id: str | None = None,
+    ) -> list[UploadDecision]:
+        """Decisions (``pending``: commit or abort not yet acknowledged)."""
+        where, args = [], []
+        if pending:
+            where.append("done = 0 AND decision != 'staging'")
+        if upload_id is not None:
+            where.append("upload_id = ?")
+            args.append(upload_id)
+        if dataset_id is not None:
+            where.append("dataset_id = ?")
+            args.append(dataset_id)
+        sql = "SELECT * FROM upload_decisions"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY updated_at, upload_id, party", args)
+            return [
+                UploadDecision(
+                    r["upload_id"], r["dataset_id"], int(r["party"]), r["decision"],
+                    bool(r["done"]), int(r["attempts"]), r["error"],
+                )
+                for r in rows.fetchall()
+            ]
+
+    def upload_owner(self, upload_id: str) -> tuple[str, str, str, int] | None:
+        """(dataset id, owner id, manifest SHA-256, rows) of a committed upload."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT dataset_id, owner_id, manifest_sha256, rows FROM uploads WHERE id = ?",
+                (upload_id,),
+            ).fetchone()
+            return None if row is None else (row[0], row[1], row[2], int(row[3]))
 
     def find_upload(self, upload_id: str) -> tuple[str, str, int] | None:
         """(dataset id, owner id, rows) of an upload."""

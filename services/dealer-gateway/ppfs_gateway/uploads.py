@@ -1,16 +1,30 @@
 """Data sets and their uploads: checks on the public manifest, then a relay of each
 sealed part to its party. The gateway cannot open a part; it checks that each part
 is the one the owner's manifest names (SHA-256) and that the public schema fits
-the data set, and stores nothing until every party has stored its part."""
+the data set.
+
+Uploads are all or nothing. Each part is sent *staged* (stored by the party, used by
+no job); once every party has stored its part the gateway records the upload in its
+data set and the decision "commit" for every party in one transaction, otherwise the
+decision "abort", and sends the decision to every party. Decisions live in the
+registry until each party acknowledged them (:class:`UploadKeeper` repeats them, so a
+party that was down catches up when it is back; an upload whose parts were still being
+sent when the gateway stopped is aborted at the next start).
+
+``check`` compares what every party holds of a data set with what the gateway
+recorded; ``repair`` lets an owner re-send the original sealed part of a party that
+lost it (checked against the manifest hash recorded at upload time)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import re
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ppfs.upload import Manifest
 from ppfs.v1 import party_pb2 as pb
@@ -19,21 +33,46 @@ from ppfs_gateway.core.config import Role
 from ppfs_gateway.errors import (
     Conflict,
     Forbidden,
+    GatewayError,
     IncompatibleSchemas,
     InvalidRequest,
     MalformedUpload,
     NotFound,
     PartyRejected,
+    PartyUnavailable,
 )
-from ppfs_gateway.parties import Parties
-from ppfs_gateway.registry import DatasetRecord, DatasetSchema, Registry
+from ppfs_gateway.parties import Parties, PartyClient
+from ppfs_gateway.registry import DatasetRecord, DatasetSchema, Registry, UploadDecision
 
 log = logging.getLogger("ppfs.gateway")
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 _ID = re.compile(ID_PATTERN)
 MASK_COLUMNS = ("mask_w0", "mask_w1")
+# how long an upload waits for a party's channel to (re)connect before sending
+READY_SECONDS = 6.0
 KINDS = ("data", "mask")
+
+
+def check_path_id(value: str, field: str) -> str:
+    """An id from a URL path: refused (naming the field, never echoing it) unless it is
+    a well-formed id."""
+    if not _ID.match(value):
+        raise InvalidRequest(f"{field} must be 1-64 letters, digits, '-' or '_'")
+    return value
+
+
+def safe_text(value: str, field: str, limit: int = 256) -> str:
+    """Names shown to people (column names, labels, classes): no control, format (bidi,
+    zero-width) or separator characters, at most ``limit`` characters."""
+    import unicodedata
+
+    if not value or len(value) > limit:
+        raise MalformedUpload(f"{field} must be 1-{limit} characters")
+    if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
+           for ch in value):
+        raise MalformedUpload(f"{field} holds a control or bidirectional formatting character")
+    return value
 
 
 def new_id() -> str:
@@ -48,7 +87,8 @@ def can_see(dataset: DatasetRecord, who: Principal) -> bool:
 
 def visible_dataset(registry: Registry, dataset_id: str, who: Principal) -> DatasetRecord:
     """The data set, or NotFound also when it exists but is not this principal's to see."""
-    ds = registry.get_dataset(dataset_id) if _ID.match(dataset_id) else None
+    check_path_id(dataset_id, "dataset_id")
+    ds = registry.get_dataset(dataset_id)
     if ds is None or not can_see(ds, who):
         raise NotFound(f"no data set {dataset_id!r}")
     return ds
@@ -109,6 +149,12 @@ def check_manifest(
             raise MalformedUpload(f"sealed part {i} does not match the manifest's digest")
     if man.rows < 1 or len(man.columns) < 1 or len(man.columns) != len(man.column_exponents):
         raise MalformedUpload("the manifest's shape is inconsistent")
+    for i, name in enumerate(man.columns):
+        safe_text(name, f"the manifest's column {i}")
+    if man.label_column:
+        safe_text(man.label_column, "the manifest's label column")
+    for i, name in enumerate(man.classes):
+        safe_text(name, f"the manifest's class {i}")
     if len(set(man.columns)) != len(man.columns) or man.label_column in man.columns:
         raise MalformedUpload("the manifest's column names repeat or include the label")
     if bool(man.label_column) != bool(man.classes) or len(man.classes) == 1:
@@ -139,43 +185,321 @@ def check_manifest(
     return man, schema
 
 
+_STATUS_NAMES = {
+    pb.UPLOAD_STATUS_STAGED: "staged",
+    pb.UPLOAD_STATUS_COMMITTED: "committed",
+    pb.UPLOAD_STATUS_ABORTED: "aborted",
+}
+
+
+@dataclass
+class PartyHolding:
+    """What one party holds of a data set against what the gateway recorded."""
+
+    index: int
+    name: str
+    reachable: bool
+    error: str = ""
+    held: list[tuple[str, str, str, int]] = field(default_factory=list)  # id, status, sha, rows
+    missing: list[str] = field(default_factory=list)  # recorded, not held (nor staged)
+    pending: list[str] = field(default_factory=list)  # recorded, staged: commit not yet sent
+    mismatched: list[str] = field(default_factory=list)  # held under another manifest
+    unexpected: list[str] = field(default_factory=list)  # committed there, not recorded here
+
+    @property
+    def consistent(self) -> bool:
+        return self.reachable and not (
+            self.missing or self.pending or self.mismatched or self.unexpected
+        )
+
+    def problems(self, dataset_id: str) -> list[str]:
+        out = [
+            f"{self.name} does not hold upload {u!r} of data set {dataset_id!r}"
+            for u in self.missing
+        ]
+        out += [
+            f"upload {u!r} of data set {dataset_id!r} is not committed at {self.name} yet"
+            for u in self.pending
+        ]
+        out += [
+            f"{self.name} holds upload {u!r} of data set {dataset_id!r} under another manifest"
+            for u in self.mismatched
+        ]
+        out += [
+            f"{self.name} holds upload {u!r} of data set {dataset_id!r}, which the gateway "
+            "never recorded"
+            for u in self.unexpected
+        ]
+        return out
+
+
+@dataclass
+class DatasetCheck:
+    dataset_id: str
+    recorded: list[tuple[str, str, str, int]]  # upload id, owner, manifest sha, rows
+    parties: list[PartyHolding]
+
+    @property
+    def consistent(self) -> bool:
+        return all(p.consistent for p in self.parties)
+
+
+class UploadKeeper:
+    """Sends the recorded commit/abort decisions until every party acknowledged them;
+    checks and repairs what parties hold."""
+
+    def __init__(
+        self, registry: Registry, parties: Parties, retry_seconds: float = 2.0,
+        rpc_seconds: float = 10.0,
+    ) -> None:
+        self.registry = registry
+        self.parties = parties
+        self.retry_seconds = retry_seconds
+        self.rpc_seconds = rpc_seconds
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def lock(self, dataset_id: str) -> asyncio.Lock:
+        """Uploads to one data set go one at a time (its schema is set by the first)."""
+        return self._locks.setdefault(dataset_id, asyncio.Lock())
+
+    async def start(self) -> None:
+        aborted = self.registry.abort_interrupted()
+        if aborted:
+            log.warning("[Gateway.Upload] %d interrupted upload parts are aborted", aborted)
+        self._task = asyncio.create_task(self._loop(), name="upload-decisions")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.flush()
+            except Exception as exc:  # never let the keeper die; the next round retries
+                log.error("[Gateway.UploadDecision] round failed: %s", type(exc).__name__)
+            await asyncio.sleep(self.retry_seconds)
+
+    async def flush(
+        self, upload_id: str | None = None, dataset_id: str | None = None
+    ) -> list[UploadDecision]:
+        """Send every pending decision (of one upload or data set); what is still pending."""
+        pending = self.registry.decisions(pending=True, upload_id=upload_id,
+                                          dataset_id=dataset_id)
+        if pending:
+            await asyncio.gather(*(self._send(d) for d in pending))
+        return self.registry.decisions(pending=True, upload_id=upload_id, dataset_id=dataset_id)
+
+    async def _send(self, d: UploadDecision) -> None:
+        c = self.parties.clients[d.party]
+        commit = d.decision == "commit"
+        try:
+            await c.decide_upload(d.dataset_id, d.upload_id, commit, timeout=self.rpc_seconds)
+        except GatewayError as exc:
+            if d.attempts == 0 or d.attempts % 30 == 0:
+                log.warning(
+                    "[Gateway.UploadDecision] upload=%s party=%s %s not acknowledged: %s",
+                    d.upload_id, c.name, d.decision, type(exc).__name__,
+                )
+            self.registry.decision_done(d.upload_id, d.party, error=str(exc))
+            return
+        self.registry.decision_done(d.upload_id, d.party)
+        log.info("[Gateway.UploadDecision] upload=%s party=%s %s acknowledged",
+                 d.upload_id, c.name, d.decision)
+
+    # -- checks ------------------------------------------------------------------
+
+    async def check(self, ds: DatasetRecord) -> DatasetCheck:
+        """Every party's holdings of ``ds`` against the registry (one ListUploads each)."""
+        recorded = [
+            (uid, owner, sha, rows)
+            for uid, sha, rows in self.registry.upload_pins(ds.id)
+            for owner in [self._owner(uid)]
+        ]
+        pending = {
+            (d.upload_id, d.party)
+            for d in self.registry.decisions(pending=True, dataset_id=ds.id)
+            if d.decision == "commit"
+        }
+        answers = await asyncio.gather(
+            *(c.list_uploads(ds.id, timeout=self.rpc_seconds) for c in self.parties.clients),
+            return_exceptions=True,
+        )
+        holdings = []
+        for c, ans in zip(self.parties.clients, answers, strict=True):
+            holdings.append(self._holding(c, ans, recorded, pending))
+        return DatasetCheck(ds.id, recorded, holdings)
+
+    def _owner(self, upload_id: str) -> str:
+        found = self.registry.upload_owner(upload_id)
+        return found[1] if found else ""
+
+    @staticmethod
+    def _holding(
+        c: PartyClient, ans: object, recorded: list[tuple[str, str, str, int]],
+        pending: set[tuple[str, int]],
+    ) -> PartyHolding:
+        if isinstance(ans, BaseException):
+            if not isinstance(ans, GatewayError):
+                raise ans
+            return PartyHolding(c.index, c.name, False, error=str(ans)[:300])
+        assert isinstance(ans, pb.ListUploadsResponse)
+        h = PartyHolding(c.index, c.name, True)
+        held = {u.upload_id: u for u in ans.uploads}
+        h.held = [
+            (u.upload_id, _STATUS_NAMES.get(u.status, "unknown"), u.manifest_sha256, u.rows)
+            for u in ans.uploads
+        ]
+        known = set()
+        for uid, _owner, sha, _rows in recorded:
+            known.add(uid)
+            got = held.get(uid)
+            if got is None:
+                h.missing.append(uid)
+            elif got.manifest_sha256 != sha:
+                h.mismatched.append(uid)
+            elif got.status != pb.UPLOAD_STATUS_COMMITTED:
+                (h.pending if (uid, c.index) in pending else h.missing).append(uid)
+        h.unexpected = [
+            u.upload_id for u in ans.uploads
+            if u.upload_id not in known and u.status == pb.UPLOAD_STATUS_COMMITTED
+        ]
+        return h
+
+    async def require_complete(self, dataset_ids: list[str]) -> None:
+        """Before a job: every reachable party holds exactly the recorded uploads of every
+        data set, committed. Pending commits are sent first. A party that cannot be reached
+        is left to the job's start, which names it."""
+        for dataset_id in dataset_ids:
+            await self.flush(dataset_id=dataset_id)
+            ds = self.registry.get_dataset(dataset_id)
+            if ds is None:
+                continue
+            check = await self.check(ds)
+            problems = [msg for p in check.parties for msg in p.problems(dataset_id)]
+            if problems:
+                raise Conflict(
+                    "; ".join(problems[:4])
+                    + f". See `ppfs datasets check {dataset_id}`; the upload's owner restores "
+                    f"a lost part with `ppfs datasets repair {dataset_id}`"
+                )
+
+    # -- repair ------------------------------------------------------------------
+
+    async def repair(
+        self, ds: DatasetRecord, who: Principal, upload_id: str, party: int, manifest: bytes,
+        signature: bytes, part: bytes,
+    ) -> DatasetCheck:
+        """Re-send the original sealed part of ``upload_id`` to a party that lost it."""
+        found = self.registry.upload_owner(check_path_id(upload_id, "upload_id"))
+        if found is None or found[0] != ds.id:
+            raise NotFound(f"no upload {upload_id!r} in data set {ds.id!r}")
+        _, owner, sha, rows = found
+        if owner != who.subject:
+            raise Forbidden("only the upload's owner re-sends its parts")
+        if not 0 <= party < len(self.parties):
+            raise InvalidRequest(f"party must be 0..{len(self.parties) - 1}")
+        if hashlib.sha256(manifest).hexdigest() != sha:
+            raise MalformedUpload("the manifest is not the one recorded for this upload")
+        man = Manifest.from_bytes(manifest)
+        if hashlib.sha256(part).hexdigest() != man.part_sha256[party]:
+            raise MalformedUpload(
+                f"the part does not match the manifest's digest for party {party}"
+            )
+        c = self.parties.clients[party]
+        async with self.lock(ds.id):
+            before = await self.check(ds)
+            h = before.parties[party]
+            if not h.reachable:
+                raise PartyUnavailable(f"{c.name} cannot be reached: {h.error}")
+            status = {u: s for u, s, _sha, _r in h.held}.get(upload_id)
+            if status == "committed":
+                raise Conflict(f"{c.name} holds upload {upload_id!r}; nothing to repair")
+            if status is None:
+                await c.put_upload_part(
+                    pb.UploadPartHeader(
+                        dataset_id=ds.id, upload_id=upload_id, owner_id=owner,
+                        manifest=manifest, manifest_signature=signature,
+                        sealed_size=len(part), staged=True,
+                    ),
+                    part,
+                )
+            await c.decide_upload(ds.id, upload_id, True, timeout=self.rpc_seconds)
+            self.registry.decision_done(upload_id, party)
+        log.info("[Gateway.Repair] dataset=%s upload=%s party=%s rows=%d", ds.id, upload_id,
+                 c.name, rows)
+        return await self.check(ds)
+
+
 async def relay_upload(
-    registry: Registry, parties: Parties, ds: DatasetRecord, up: UploadPart, who: Principal
+    registry: Registry, parties: Parties, ds: DatasetRecord, up: UploadPart, who: Principal,
+    keeper: UploadKeeper,
 ) -> DatasetRecord:
     if not _ID.match(up.upload_id):
         raise InvalidRequest("upload_id must be 1-64 letters, digits, '-' or '_'")
-    man, schema = check_manifest(ds, up, who, len(parties), registry)
-    results = await asyncio.gather(
-        *(
-            c.put_upload_part(
-                pb.UploadPartHeader(
-                    dataset_id=ds.id,
-                    upload_id=up.upload_id,
-                    owner_id=who.subject,
-                    manifest=up.manifest,
-                    manifest_signature=up.signature,
-                    sealed_size=len(up.parts[c.index]),
-                ),
-                up.parts[c.index],
+    async with keeper.lock(ds.id):
+        current = registry.get_dataset(ds.id)
+        assert current is not None
+        man, schema = check_manifest(current, up, who, len(parties), registry)
+        started = time.monotonic()
+        await asyncio.gather(*(c.ready(READY_SECONDS) for c in parties.clients))
+        registry.stage_upload(ds.id, up.upload_id, len(parties))
+        results = await asyncio.gather(
+            *(
+                c.put_upload_part(
+                    pb.UploadPartHeader(
+                        dataset_id=ds.id,
+                        upload_id=up.upload_id,
+                        owner_id=who.subject,
+                        manifest=up.manifest,
+                        manifest_signature=up.signature,
+                        sealed_size=len(up.parts[c.index]),
+                        staged=True,
+                    ),
+                    up.parts[c.index],
+                )
+                for c in parties.clients
+            ),
+            return_exceptions=True,
+        )
+        failure: BaseException | None = None
+        for c, r in zip(parties.clients, results, strict=True):
+            if isinstance(r, BaseException):
+                failure = failure or r
+            elif r.upload_id != up.upload_id or r.rows != man.rows:
+                failure = failure or PartyRejected(f"{c.name} acknowledged another upload or shape")
+        if failure is not None:
+            registry.abort_upload(up.upload_id)
+            left = await keeper.flush(upload_id=up.upload_id)
+            log.warning(
+                "[Gateway.Upload] dataset=%s upload=%s aborted (%s); %d parties to tell later",
+                ds.id, up.upload_id, type(failure).__name__, len(left),
             )
-            for c in parties.clients
-        ),
-        return_exceptions=True,
-    )
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    for c, r in zip(parties.clients, results, strict=True):
-        assert isinstance(r, pb.PutUploadPartResponse)
-        if r.upload_id != up.upload_id or r.rows != man.rows:
-            raise PartyRejected(f"{c.name} acknowledged another upload or shape")
-    registry.add_upload(ds.id, up.upload_id, who.subject, schema, man.rows, man.digest())
+            if isinstance(failure, GatewayError):
+                later = (
+                    f"; {', '.join(parties.clients[d.party].name for d in left)} will drop "
+                    "any part of it when back"
+                    if left
+                    else ""
+                )
+                raise type(failure)(
+                    f"{failure}; the upload was not added and no party uses any part of it"
+                    + later
+                ) from None
+            raise failure
+        registry.commit_upload(ds.id, up.upload_id, who.subject, schema, man.rows, man.digest())
+        left = await keeper.flush(upload_id=up.upload_id)
     log.info(
-        "[Gateway.Upload] dataset=%s upload=%s rows=%d columns=%d",
+        "[Gateway.Upload] dataset=%s upload=%s rows=%d columns=%d seconds=%.2f pending=%d",
         ds.id,
         up.upload_id,
         man.rows,
         len(man.columns),
+        time.monotonic() - started,
+        len(left),
     )
     got = registry.get_dataset(ds.id)
     assert got is not None

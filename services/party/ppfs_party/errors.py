@@ -47,6 +47,10 @@ class JobConflictError(PartyError):
     """The job id is taken, or the job is not in a state that allows the call."""
 
 
+class UploadDecisionError(PartyError):
+    """A commit of an aborted upload, or an abort of a committed one."""
+
+
 class DescriptionMismatchError(ParameterError):
     """The job description's hash differs from the one the caller sent."""
 
@@ -62,6 +66,7 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     UploadUnauthorizedError: grpc.StatusCode.PERMISSION_DENIED,
     UploadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     JobConflictError: grpc.StatusCode.FAILED_PRECONDITION,
+    UploadDecisionError: grpc.StatusCode.FAILED_PRECONDITION,
     NotReadyError: grpc.StatusCode.FAILED_PRECONDITION,
     EngineUnavailableError: grpc.StatusCode.FAILED_PRECONDITION,
     IntegrityError: grpc.StatusCode.DATA_LOSS,

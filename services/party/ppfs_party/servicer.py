@@ -47,6 +47,13 @@ def _unary(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
     return wrapper
 
 
+_UPLOAD_STATUS = {
+    "staged": party_pb2.UPLOAD_STATUS_STAGED,
+    "committed": party_pb2.UPLOAD_STATUS_COMMITTED,
+    "aborted": party_pb2.UPLOAD_STATUS_ABORTED,
+}
+
+
 def job_status(rec: JobRecord) -> party_pb2.JobStatus:
     return party_pb2.JobStatus(
         job_id=rec.job_id, state=JobState(rec.state).to_proto(), phase=rec.phase,
@@ -76,7 +83,7 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
                 raise ParameterError("an upload starts with its header")
             h = first.header
             header = UploadHeader(h.dataset_id, h.upload_id, h.owner_id, h.manifest,
-                                  h.manifest_signature, h.sealed_size)
+                                  h.manifest_signature, h.sealed_size, h.staged)
 
             async def chunks() -> AsyncIterator[bytes]:
                 async for msg in request_iterator:
@@ -98,6 +105,33 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
     async def GetDataset(self, request: party_pb2.GetDatasetRequest,
                          context: grpc.aio.ServicerContext[Any, Any]) -> party_pb2.DatasetInfo:
         return self.state.dataset_info(request.dataset_id)
+
+    @_unary
+    async def CommitUpload(self, request: party_pb2.UploadDecisionRequest,
+                           context: grpc.aio.ServicerContext[Any, Any]
+                           ) -> party_pb2.UploadDecisionResponse:
+        status = await self.state.store.commit(request.dataset_id, request.upload_id)
+        return party_pb2.UploadDecisionResponse(upload_id=request.upload_id,
+                                                status=_UPLOAD_STATUS[status])
+
+    @_unary
+    async def AbortUpload(self, request: party_pb2.UploadDecisionRequest,
+                          context: grpc.aio.ServicerContext[Any, Any]
+                          ) -> party_pb2.UploadDecisionResponse:
+        status = await self.state.store.abort(request.dataset_id, request.upload_id)
+        return party_pb2.UploadDecisionResponse(upload_id=request.upload_id,
+                                                status=_UPLOAD_STATUS[status])
+
+    @_unary
+    async def ListUploads(self, request: party_pb2.ListUploadsRequest,
+                          context: grpc.aio.ServicerContext[Any, Any]
+                          ) -> party_pb2.ListUploadsResponse:
+        held = self.state.store.listing(request.dataset_id)
+        return party_pb2.ListUploadsResponse(dataset_id=request.dataset_id, uploads=[
+            party_pb2.HeldUpload(upload_id=u.manifest.upload_id,
+                                 manifest_sha256=u.manifest.digest(), rows=u.manifest.rows,
+                                 status=_UPLOAD_STATUS[status])
+            for u, status in held])
 
     @_unary
     async def StartJob(self, request: party_pb2.StartJobRequest,

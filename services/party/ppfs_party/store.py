@@ -13,6 +13,13 @@ upload id was never seen before; the SHA-256 of the received sealed bytes equals
 the manifest's entry for this party (so a part re-sealed by someone else, or
 swapped in from another upload, is refused); the part opens with this party's box
 key; every bundle's dataset, party, scheme and shape match the manifest.
+
+All-or-nothing uploads: a part received *staged* is stored the same way under
+``staged/<upload_id>`` and used by no job. :meth:`ShareStore.commit` moves it into
+``uploads/`` once the gateway saw every party store its part; :meth:`ShareStore.abort`
+deletes it and leaves a tombstone ``aborted/<upload_id>``, so the id (and a part that
+arrives late) is refused from then on. Both are idempotent. Staged parts survive a
+restart, waiting for the gateway's decision.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from ppfs.upload import Manifest, UploadRejected, open_sealed, unpack_bundles, v
 from ppfs_party.audit import AuditLog
 from ppfs_party.errors import (
     NotFoundError,
+    UploadDecisionError,
     UploadReplayedError,
     UploadTooLargeError,
     UploadUnauthorizedError,
@@ -80,6 +88,7 @@ class UploadHeader:
     manifest: bytes
     manifest_signature: bytes
     sealed_size: int
+    staged: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,25 +112,34 @@ class ShareStore:
         self.audit = audit
         self.max_upload_bytes = max_upload_bytes
         self.uploads_dir = state_dir / "uploads"
+        self.staged_dir = state_dir / "staged"
+        self.aborted_dir = state_dir / "aborted"
         self._uploads: dict[str, StoredUpload] = {}
+        self._staged: dict[str, StoredUpload] = {}
+        self._aborted: set[str] = set()
         self._inflight: set[str] = set()
         self._lock = asyncio.Lock()
 
     # -------------------------------------------------------------- start-up
     def open(self) -> None:
         """Clear half-received parts and uncommitted directories; index the rest."""
-        self.uploads_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for d in self.uploads_dir.iterdir():
-            if d.name.startswith("."):
-                shutil.rmtree(d, ignore_errors=True)
-                continue
-            try:
-                manifest = Manifest.from_bytes((d / "manifest.json").read_bytes())
-                kinds = frozenset(p.stem for p in d.glob("*.shr"))
-            except (OSError, UploadRejected):
-                log.error("[Party.store] unreadable upload directory %s skipped", d.name)
-                continue
-            self._uploads[manifest.upload_id] = StoredUpload(manifest, kinds, d)
+        for where, index in ((self.uploads_dir, self._uploads), (self.staged_dir, self._staged)):
+            where.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for d in where.iterdir():
+                if d.name.startswith("."):
+                    shutil.rmtree(d, ignore_errors=True)
+                    continue
+                try:
+                    manifest = Manifest.from_bytes((d / "manifest.json").read_bytes())
+                    kinds = frozenset(p.stem for p in d.glob("*.shr"))
+                except (OSError, UploadRejected):
+                    log.error("[Party.store] unreadable upload directory %s skipped", d.name)
+                    continue
+                index[manifest.upload_id] = StoredUpload(manifest, kinds, d)
+        for uid in set(self._staged) & set(self._uploads):  # a crash between the two renames
+            shutil.rmtree(self._staged.pop(uid).directory, ignore_errors=True)
+        self.aborted_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._aborted = {p.name for p in self.aborted_dir.iterdir() if not p.name.startswith(".")}
 
     def owners(self) -> dict[str, bytes]:
         return load_owners(self.state_dir / "owners.json")
@@ -150,6 +168,65 @@ class ShareStore:
             raise NotFoundError(f"dataset {dataset_id!r} is not stored on this party")
         return found
 
+    def status(self, upload_id: str) -> str:
+        """committed, staged, aborted or absent."""
+        if upload_id in self._uploads:
+            return "committed"
+        if upload_id in self._staged:
+            return "staged"
+        return "aborted" if upload_id in self._aborted else "absent"
+
+    def listing(self, dataset_id: str) -> list[tuple[StoredUpload, str]]:
+        """Every committed or staged upload of a dataset, in upload-id order."""
+        found = [(u, "committed") for u in self._uploads.values()
+                 if u.manifest.dataset_id == dataset_id]
+        found += [(u, "staged") for u in self._staged.values()
+                  if u.manifest.dataset_id == dataset_id]
+        return sorted(found, key=lambda t: t[0].manifest.upload_id)
+
+    # -------------------------------------------------------------- decisions
+    async def commit(self, dataset_id: str, upload_id: str) -> str:
+        """Make a staged upload part of its dataset (idempotent)."""
+        async with self._lock:
+            if upload_id in self._uploads:
+                return "committed"
+            stored = self._staged.get(upload_id)
+            if stored is None or stored.manifest.dataset_id != dataset_id:
+                if upload_id in self._aborted:
+                    raise UploadDecisionError(f"upload {upload_id!r} was aborted on this party")
+                raise NotFoundError(f"upload {upload_id!r} is not staged on this party")
+            self._check_dataset(stored.manifest, stored.kinds)
+            final = self.uploads_dir / upload_id
+            await asyncio.to_thread(self._move, stored.directory, final)
+            del self._staged[upload_id]
+            self._uploads[upload_id] = StoredUpload(stored.manifest, stored.kinds, final)
+        self.audit.record("upload.committed", dataset_id=dataset_id, upload_id=upload_id)
+        return "committed"
+
+    async def abort(self, dataset_id: str, upload_id: str) -> str:
+        """Delete a staged upload and refuse its id from now on (idempotent; an id not
+        seen yet is remembered, so a part that arrives late is refused)."""
+        check_id(upload_id, "upload id")
+        async with self._lock:
+            if upload_id in self._uploads:
+                raise UploadDecisionError(
+                    f"upload {upload_id!r} is committed on this party; it is not aborted")
+            if upload_id not in self._aborted:
+                await asyncio.to_thread(
+                    write_durable, self.aborted_dir / upload_id, dataset_id[:128].encode())
+                self._aborted.add(upload_id)
+            stored = self._staged.pop(upload_id, None)
+            if stored is not None:
+                await asyncio.to_thread(shutil.rmtree, stored.directory, True)
+        self.audit.record("upload.aborted", dataset_id=dataset_id[:128], upload_id=upload_id,
+                          had_part=stored is not None)
+        return "aborted"
+
+    def _move(self, src: Path, dst: Path) -> None:
+        src.rename(dst)  # fails if the id exists: never overwrite
+        fsync_dir(self.uploads_dir)
+        fsync_dir(src.parent)
+
     # -------------------------------------------------------------- receive
     async def put(self, header: UploadHeader, chunks: AsyncIterator[bytes]) -> StoredUpload:
         try:
@@ -166,6 +243,7 @@ class ShareStore:
             "upload.accepted", dataset_id=m.dataset_id, upload_id=m.upload_id,
             owner_id=m.owner_id, kinds=sorted(stored.kinds), rows=m.rows,
             columns=len(m.columns), scheme=m.scheme, manifest_sha256=m.digest(),
+            staged=header.staged,
         )
         return stored
 
@@ -194,7 +272,10 @@ class ShareStore:
                 f"the sealed part exceeds this party's limit of {self.max_upload_bytes} bytes"
             )
         async with self._lock:
-            if manifest.upload_id in self._uploads or manifest.upload_id in self._inflight:
+            if manifest.upload_id in self._aborted:
+                raise UploadReplayedError("this upload was aborted (its id is refused)")
+            if (manifest.upload_id in self._uploads or manifest.upload_id in self._staged
+                    or manifest.upload_id in self._inflight):
                 raise UploadReplayedError("this upload was received before (replay refused)")
             self._inflight.add(manifest.upload_id)
         try:
@@ -205,8 +286,11 @@ class ShareStore:
                 )
             bundles = await asyncio.to_thread(self._open, sealed, manifest, scheme)
             self._check_dataset(manifest, frozenset(bundles))
-            stored = await asyncio.to_thread(self._commit, header, manifest, bundles)
-            self._uploads[manifest.upload_id] = stored
+            async with self._lock:  # an abort that came first wins
+                if manifest.upload_id in self._aborted:
+                    raise UploadReplayedError("this upload was aborted (its id is refused)")
+                stored = await asyncio.to_thread(self._commit, header, manifest, bundles)
+                (self._staged if header.staged else self._uploads)[manifest.upload_id] = stored
             return stored
         finally:
             self._inflight.discard(manifest.upload_id)
@@ -288,9 +372,11 @@ class ShareStore:
                     fh.flush()
                     os.fsync(fh.fileno())
             fsync_dir(tmp)
-            final = self.uploads_dir / manifest.upload_id
+            where = self.staged_dir if header.staged else self.uploads_dir
+            final = where / manifest.upload_id
             tmp.rename(final)  # fails if the id exists: never overwrite
             fsync_dir(self.uploads_dir)
+            fsync_dir(where)
         except BaseException:
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)

@@ -7,6 +7,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class UploadStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UPLOAD_STATUS_UNSPECIFIED: _ClassVar[UploadStatus]
+    UPLOAD_STATUS_STAGED: _ClassVar[UploadStatus]
+    UPLOAD_STATUS_COMMITTED: _ClassVar[UploadStatus]
+    UPLOAD_STATUS_ABORTED: _ClassVar[UploadStatus]
+
 class Combination(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     COMBINATION_UNSPECIFIED: _ClassVar[Combination]
@@ -33,6 +40,10 @@ class FailureKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_KIND_CANCELLED: _ClassVar[FailureKind]
     FAILURE_KIND_SESSION: _ClassVar[FailureKind]
     FAILURE_KIND_RESTARTED: _ClassVar[FailureKind]
+UPLOAD_STATUS_UNSPECIFIED: UploadStatus
+UPLOAD_STATUS_STAGED: UploadStatus
+UPLOAD_STATUS_COMMITTED: UploadStatus
+UPLOAD_STATUS_ABORTED: UploadStatus
 COMBINATION_UNSPECIFIED: Combination
 COMBINATION_HORIZONTAL: Combination
 COMBINATION_VERTICAL: Combination
@@ -81,20 +92,22 @@ class PartyIdentity(_message.Message):
     def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., box_public_key: _Optional[bytes] = ..., signing_public_key: _Optional[bytes] = ..., tls_certificate_pem: _Optional[bytes] = ..., mpc_certificate_pem: _Optional[bytes] = ..., engines: _Optional[_Iterable[str]] = ..., mpc_host: _Optional[str] = ..., mpc_port_base: _Optional[int] = ..., mpc_port_count: _Optional[int] = ...) -> None: ...
 
 class UploadPartHeader(_message.Message):
-    __slots__ = ("dataset_id", "upload_id", "owner_id", "manifest", "manifest_signature", "sealed_size")
+    __slots__ = ("dataset_id", "upload_id", "owner_id", "manifest", "manifest_signature", "sealed_size", "staged")
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     SEALED_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
     dataset_id: str
     upload_id: str
     owner_id: str
     manifest: bytes
     manifest_signature: bytes
     sealed_size: int
-    def __init__(self, dataset_id: _Optional[str] = ..., upload_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., manifest: _Optional[bytes] = ..., manifest_signature: _Optional[bytes] = ..., sealed_size: _Optional[int] = ...) -> None: ...
+    staged: bool
+    def __init__(self, dataset_id: _Optional[str] = ..., upload_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., manifest: _Optional[bytes] = ..., manifest_signature: _Optional[bytes] = ..., sealed_size: _Optional[int] = ..., staged: _Optional[bool] = ...) -> None: ...
 
 class UploadPartChunk(_message.Message):
     __slots__ = ("header", "chunk")
@@ -139,6 +152,48 @@ class DatasetInfo(_message.Message):
     rows: int
     upload_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, dataset_id: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., column_exponents: _Optional[_Iterable[int]] = ..., label_column: _Optional[str] = ..., classes: _Optional[int] = ..., rows: _Optional[int] = ..., upload_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UploadDecisionRequest(_message.Message):
+    __slots__ = ("dataset_id", "upload_id")
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    upload_id: str
+    def __init__(self, dataset_id: _Optional[str] = ..., upload_id: _Optional[str] = ...) -> None: ...
+
+class UploadDecisionResponse(_message.Message):
+    __slots__ = ("upload_id", "status")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    status: UploadStatus
+    def __init__(self, upload_id: _Optional[str] = ..., status: _Optional[_Union[UploadStatus, str]] = ...) -> None: ...
+
+class ListUploadsRequest(_message.Message):
+    __slots__ = ("dataset_id",)
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    def __init__(self, dataset_id: _Optional[str] = ...) -> None: ...
+
+class HeldUpload(_message.Message):
+    __slots__ = ("upload_id", "manifest_sha256", "rows", "status")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    manifest_sha256: str
+    rows: int
+    status: UploadStatus
+    def __init__(self, upload_id: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., rows: _Optional[int] = ..., status: _Optional[_Union[UploadStatus, str]] = ...) -> None: ...
+
+class ListUploadsResponse(_message.Message):
+    __slots__ = ("dataset_id", "uploads")
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    UPLOADS_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    uploads: _containers.RepeatedCompositeFieldContainer[HeldUpload]
+    def __init__(self, dataset_id: _Optional[str] = ..., uploads: _Optional[_Iterable[_Union[HeldUpload, _Mapping]]] = ...) -> None: ...
 
 class PinnedUpload(_message.Message):
     __slots__ = ("upload_id", "manifest_sha256", "rows")

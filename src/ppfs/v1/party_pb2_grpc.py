@@ -49,6 +49,21 @@ class PartyServiceStub:
                 request_serializer=ppfs_dot_v1_dot_party__pb2.GetDatasetRequest.SerializeToString,
                 response_deserializer=ppfs_dot_v1_dot_party__pb2.DatasetInfo.FromString,
                 _registered_method=True)
+        self.CommitUpload = channel.unary_unary(
+                '/ppfs.v1.PartyService/CommitUpload',
+                request_serializer=ppfs_dot_v1_dot_party__pb2.UploadDecisionRequest.SerializeToString,
+                response_deserializer=ppfs_dot_v1_dot_party__pb2.UploadDecisionResponse.FromString,
+                _registered_method=True)
+        self.AbortUpload = channel.unary_unary(
+                '/ppfs.v1.PartyService/AbortUpload',
+                request_serializer=ppfs_dot_v1_dot_party__pb2.UploadDecisionRequest.SerializeToString,
+                response_deserializer=ppfs_dot_v1_dot_party__pb2.UploadDecisionResponse.FromString,
+                _registered_method=True)
+        self.ListUploads = channel.unary_unary(
+                '/ppfs.v1.PartyService/ListUploads',
+                request_serializer=ppfs_dot_v1_dot_party__pb2.ListUploadsRequest.SerializeToString,
+                response_deserializer=ppfs_dot_v1_dot_party__pb2.ListUploadsResponse.FromString,
+                _registered_method=True)
         self.StartJob = channel.unary_unary(
                 '/ppfs.v1.PartyService/StartJob',
                 request_serializer=ppfs_dot_v1_dot_party__pb2.StartJobRequest.SerializeToString,
@@ -96,6 +111,29 @@ class PartyServiceServicer:
 
     def GetDataset(self, request, context):
         """Public schema of a stored dataset (never values).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitUpload(self, request, context):
+        """All-or-nothing uploads: a part sent with `staged` is stored durably but used by no
+        job until the gateway, once every party has stored its part, commits it. An aborted
+        upload's staged part is deleted and its id refused from then on. Both calls are
+        idempotent, so the gateway can repeat a decision a party did not acknowledge.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortUpload(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUploads(self, request, context):
+        """What this party holds of a dataset, committed or staged (public metadata only).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -156,6 +194,21 @@ def add_PartyServiceServicer_to_server(servicer, server):
                     servicer.GetDataset,
                     request_deserializer=ppfs_dot_v1_dot_party__pb2.GetDatasetRequest.FromString,
                     response_serializer=ppfs_dot_v1_dot_party__pb2.DatasetInfo.SerializeToString,
+            ),
+            'CommitUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitUpload,
+                    request_deserializer=ppfs_dot_v1_dot_party__pb2.UploadDecisionRequest.FromString,
+                    response_serializer=ppfs_dot_v1_dot_party__pb2.UploadDecisionResponse.SerializeToString,
+            ),
+            'AbortUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortUpload,
+                    request_deserializer=ppfs_dot_v1_dot_party__pb2.UploadDecisionRequest.FromString,
+                    response_serializer=ppfs_dot_v1_dot_party__pb2.UploadDecisionResponse.SerializeToString,
+            ),
+            'ListUploads': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUploads,
+                    request_deserializer=ppfs_dot_v1_dot_party__pb2.ListUploadsRequest.FromString,
+                    response_serializer=ppfs_dot_v1_dot_party__pb2.ListUploadsResponse.SerializeToString,
             ),
             'StartJob': grpc.unary_unary_rpc_method_handler(
                     servicer.StartJob,
@@ -264,6 +317,87 @@ class PartyService:
             '/ppfs.v1.PartyService/GetDataset',
             ppfs_dot_v1_dot_party__pb2.GetDatasetRequest.SerializeToString,
             ppfs_dot_v1_dot_party__pb2.DatasetInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ppfs.v1.PartyService/CommitUpload',
+            ppfs_dot_v1_dot_party__pb2.UploadDecisionRequest.SerializeToString,
+            ppfs_dot_v1_dot_party__pb2.UploadDecisionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ppfs.v1.PartyService/AbortUpload',
+            ppfs_dot_v1_dot_party__pb2.UploadDecisionRequest.SerializeToString,
+            ppfs_dot_v1_dot_party__pb2.UploadDecisionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUploads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ppfs.v1.PartyService/ListUploads',
+            ppfs_dot_v1_dot_party__pb2.ListUploadsRequest.SerializeToString,
+            ppfs_dot_v1_dot_party__pb2.ListUploadsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import unicodedata
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -17,9 +18,14 @@ def _utf8(v: str) -> str:
         v.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("text must be valid UTF-8") from None
-    if any(ord(ch) < 32 for ch in v):
-        raise ValueError("control characters are not allowed")
+    # control, format (bidi overrides, zero-width), private-use, unassigned, line and
+    # paragraph separators: a name shows what it says
+    if any(unicodedata.category(ch) in _HIDDEN for ch in v):
+        raise ValueError("control or bidirectional formatting characters are not allowed")
     return v
+
+
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
@@ -39,7 +45,8 @@ def b64encode(value: bytes) -> str:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: "k": "3" is not a number, and nothing unknown is ignored
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class PartyOut(BaseModel):
@@ -95,6 +102,48 @@ class UploadCreate(Strict):
     )
 
 
+class HeldUploadOut(BaseModel):
+    upload_id: str
+    status: str = Field(description="committed | staged (waiting for the gateway's decision)")
+    manifest_sha256: str
+    rows: int
+
+
+class PartyHoldingOut(BaseModel):
+    index: int
+    name: str
+    reachable: bool
+    error: str
+    consistent: bool
+    held: list[HeldUploadOut]
+    missing: list[str] = Field(description="recorded uploads this party does not hold")
+    pending: list[str] = Field(description="recorded uploads whose commit has not reached it")
+    mismatched: list[str] = Field(description="uploads it holds under another manifest")
+    unexpected: list[str] = Field(description="committed uploads the gateway never recorded")
+    problems: list[str]
+
+
+class RecordedUploadOut(BaseModel):
+    upload_id: str
+    owner_id: str
+    manifest_sha256: str
+    rows: int
+
+
+class DatasetCheckOut(BaseModel):
+    dataset_id: str
+    consistent: bool
+    recorded: list[RecordedUploadOut]
+    parties: list[PartyHoldingOut]
+
+
+class UploadRepair(Strict):
+    party: int = Field(ge=0, le=3, description="index of the party that lost its part")
+    manifest: Base64 = Field(description="the upload's original signed manifest")
+    manifest_signature: Base64
+    part: Base64 = Field(description="that party's original sealed part")
+
+
 class GrantCreate(Strict):
     subject: Identifier
 
@@ -125,6 +174,22 @@ class JobCreate(Strict):
     training: TrainingIn | None = None
     recipient_public_key: Base64 = Field(description="X25519 public key, base64 (32 bytes)")
     mask_upload_id: Identifier
+
+
+class JobValidate(JobCreate):
+    """A job to check before anything is uploaded for it (its masks): the same fields,
+    the recipient's key and mask upload optional."""
+
+    recipient_public_key: Base64 | None = None  # type: ignore[assignment]
+    mask_upload_id: Identifier | None = None  # type: ignore[assignment]
+
+
+class JobValidOut(BaseModel):
+    m: int
+    p: int
+    classes: list[str]
+    columns: list[str]
+    outputs: int = Field(description="mask words the job opens: upload this many")
 
 
 class PartyStateOut(BaseModel):

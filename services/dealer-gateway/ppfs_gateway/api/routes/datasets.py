@@ -4,19 +4,31 @@ from typing import Literal
 
 from fastapi import APIRouter, status
 
-from ppfs_gateway.api.deps import PartiesDep, PrincipalDep, RegistryDep
+from ppfs_gateway.api.deps import (
+    JobsDep,
+    PartiesDep,
+    PrincipalDep,
+    RegistryDep,
+    ResourcesDep,
+)
 from ppfs_gateway.api.schemas import (
+    DatasetCheckOut,
     DatasetCreate,
     DatasetOut,
     GrantCreate,
     GrantOut,
+    HeldUploadOut,
+    PartyHoldingOut,
+    RecordedUploadOut,
     UploadCreate,
+    UploadRepair,
     b64decode,
 )
 from ppfs_gateway.core.config import Role
 from ppfs_gateway.errors import InvalidRequest
 from ppfs_gateway.registry import DatasetRecord
 from ppfs_gateway.uploads import (
+    DatasetCheck,
     UploadPart,
     can_see,
     create_dataset,
@@ -76,6 +88,7 @@ async def post_upload(
     who: PrincipalDep,
     registry: RegistryDep,
     parties: PartiesDep,
+    jobs: JobsDep,
 ) -> DatasetOut:
     """Relay the owner's sealed parts, one per party, with the signed manifest. The data set
     (or the new rows) becomes visible once every party stored its part."""
@@ -88,7 +101,7 @@ async def post_upload(
     )
     if len(up.signature) != 64:
         raise InvalidRequest("manifest_signature must be a 64-byte Ed25519 signature")
-    return dataset_out(await relay_upload(registry, parties, ds, up, who))
+    return dataset_out(await relay_upload(registry, parties, ds, up, who, jobs.uploads))
 
 
 @router.post(
@@ -97,12 +110,77 @@ async def post_upload(
     response_model=GrantOut,
 )
 def post_grant(
-    dataset_id: str, body: GrantCreate, who: PrincipalDep, registry: RegistryDep
+    dataset_id: str,
+    body: GrantCreate,
+    who: PrincipalDep,
+    registry: RegistryDep,
+    res: ResourcesDep,
 ) -> GrantOut:
     """Admins: let an analyst see a data set's schema and run jobs on it."""
     who.require(Role.ADMIN)
     ds = visible_dataset(registry, dataset_id, who)
     if ds.kind != "data":
         raise InvalidRequest("only data sets are granted")
+    if body.subject not in {t.subject for t in res.settings.tokens}:
+        raise InvalidRequest("subject: no such principal in this gateway's configuration")
     registry.grant(ds.id, body.subject)
     return GrantOut(dataset_id=ds.id, subject=body.subject)
+
+
+def check_out(check: DatasetCheck) -> DatasetCheckOut:
+    return DatasetCheckOut(
+        dataset_id=check.dataset_id,
+        consistent=check.consistent,
+        recorded=[
+            RecordedUploadOut(upload_id=u, owner_id=o, manifest_sha256=sha, rows=rows)
+            for u, o, sha, rows in check.recorded
+        ],
+        parties=[
+            PartyHoldingOut(
+                index=p.index,
+                name=p.name,
+                reachable=p.reachable,
+                error=p.error,
+                consistent=p.consistent,
+                held=[
+                    HeldUploadOut(upload_id=u, status=st, manifest_sha256=sha, rows=rows)
+                    for u, st, sha, rows in p.held
+                ],
+                missing=p.missing,
+                pending=p.pending,
+                mismatched=p.mismatched,
+                unexpected=p.unexpected,
+                problems=p.problems(check.dataset_id),
+            )
+            for p in check.parties
+        ],
+    )
+
+
+@router.get("/v1/datasets/{dataset_id}/check", response_model=DatasetCheckOut)
+async def check_dataset(dataset_id: str, who: PrincipalDep, jobs: JobsDep) -> DatasetCheckOut:
+    """What every party holds of the data set against what the gateway recorded."""
+    ds = visible_dataset(jobs.registry, dataset_id, who)
+    await jobs.uploads.flush(dataset_id=ds.id)
+    return check_out(await jobs.uploads.check(ds))
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/uploads/{upload_id}/repair", response_model=DatasetCheckOut
+)
+async def repair_upload(
+    dataset_id: str, upload_id: str, body: UploadRepair, who: PrincipalDep, jobs: JobsDep
+) -> DatasetCheckOut:
+    """The upload's owner re-sends one party's original sealed part (checked against the
+    manifest recorded at upload time) to a party that lost it."""
+    ds = visible_dataset(jobs.registry, dataset_id, who)
+    check = await jobs.uploads.repair(
+        ds,
+        who,
+        upload_id,
+        body.party,
+        b64decode(body.manifest, "manifest"),
+        b64decode(body.manifest_signature, "manifest_signature"),
+        b64decode(body.part, "part"),
+    )
+    return check_out(check)

@@ -10,6 +10,8 @@ from ppfs_gateway.api.deps import JobsDep, PrincipalDep
 from ppfs_gateway.api.schemas import (
     JobCreate,
     JobOut,
+    JobValidate,
+    JobValidOut,
     PartyStateOut,
     ResultOut,
     ResultPartOut,
@@ -67,14 +69,15 @@ def job_out(job: JobRecord) -> JobOut:
     )
 
 
-@router.post("/v1/jobs", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut)
-async def post_job(body: JobCreate, who: PrincipalDep, jobs: JobsDep) -> JobOut:
-    """Submit Step 2A (and, with `training`, Step 2B) on data sets combined horizontally
-    (same columns, rows appended) or vertically (same rows, columns joined)."""
-    key = b64decode(body.recipient_public_key, "recipient_public_key")
+def _spec(body: JobCreate | JobValidate) -> JobSpec:
+    key = (
+        b64decode(body.recipient_public_key, "recipient_public_key")
+        if body.recipient_public_key is not None
+        else bytes(32)
+    )
     if len(key) != 32:
         raise InvalidRequest("recipient_public_key must be a 32-byte X25519 public key")
-    spec = JobSpec(
+    return JobSpec(
         dataset_ids=tuple(body.dataset_ids),
         combination=body.combination,
         label_column=body.label_column,
@@ -82,10 +85,30 @@ async def post_job(body: JobCreate, who: PrincipalDep, jobs: JobsDep) -> JobOut:
         security=body.security,
         engine=body.engine,
         recipient_public_key=key,
-        mask_upload_id=body.mask_upload_id,
+        mask_upload_id=body.mask_upload_id or "validate",
         training=body.training.model_dump() if body.training else None,
     )
-    return job_out(await jobs.submit(who, spec))
+
+
+@router.post("/v1/jobs", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut)
+async def post_job(body: JobCreate, who: PrincipalDep, jobs: JobsDep) -> JobOut:
+    """Submit Step 2A (and, with `training`, Step 2B) on data sets combined horizontally
+    (same columns, rows appended) or vertically (same rows, columns joined)."""
+    return job_out(await jobs.submit(who, _spec(body)))
+
+
+@router.post("/v1/jobs/validate", response_model=JobValidOut)
+async def validate_job(body: JobValidate, who: PrincipalDep, jobs: JobsDep) -> JobValidOut:
+    """Every check of a submit, storing nothing: the job's shape and how many mask words
+    it opens. Clients validate before they upload masks for a job."""
+    plan = await jobs.validate(who, _spec(body))
+    return JobValidOut(
+        m=plan.shape.m,
+        p=plan.shape.p,
+        classes=list(plan.classes),
+        columns=list(plan.columns),
+        outputs=plan.shape.outputs,
+    )
 
 
 @router.get("/v1/jobs", response_model=list[JobOut])

@@ -1,0 +1,208 @@
+"""All-or-nothing uploads through the real gateway and real party daemons (mutual TLS,
+port 0, MPyC): an upload one party refuses or misses is used by nobody and dropped
+everywhere, a party that was down catches up with the decision, a party that lost an
+upload is named by `ppfs datasets check` and by job submission, and the owner's repair
+restores service. Every job result is checked against the mirror."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ppfs_client.sdk import ApiError, build_upload
+from service_fakes import RealCluster, Stack, make_stack, owner_table, wait_final
+
+from ppfs.cli import main
+from ppfs.fixedpoint import FixedPoint
+from ppfs.step2a import Step2AShape, mirror
+from ppfs.synthetic import make_table
+
+pytest.importorskip("ppfs_party.server", reason="the party daemon (ppfs_party) is not built")
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",)))
+    yield s
+    s.close()
+
+
+def stop_party(s: Stack, i: int) -> int:
+    srv = s.cluster.servers[i]
+    s.loop.run(srv.stop(0))
+    return int(srv.port)
+
+
+def start_party(s: Stack, i: int, port: int) -> None:
+    from ppfs_party.server import start_party_server
+
+    settings = replace(s.cluster.dep.settings[i], listen=f"127.0.0.1:{port}")
+    s.cluster.servers[i] = s.loop.run(start_party_server(settings))
+
+
+def store(s: Stack, i: int):  # the party's share store (in this process)
+    return s.cluster.servers[i].state.store
+
+
+def pending_decisions(s: Stack) -> list[tuple[str, int, str]]:
+    db = sqlite3.connect(s.root / "gateway" / "registry.sqlite3")
+    try:
+        return db.execute(
+            "SELECT upload_id, party, decision FROM upload_decisions"
+            " WHERE done = 0 AND decision != 'staging'"
+        ).fetchall()
+    finally:
+        db.close()
+
+
+def wait_until(what, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
+
+
+def run_cli(
+    capsys: pytest.CaptureFixture[str], s: Stack, subject: str, *argv: str
+) -> tuple[int, str, str]:
+    os.environ["PPFS_GATEWAY"] = s.gateway.url
+    os.environ["PPFS_TOKEN"] = s.token[subject]
+    os.environ["PPFS_KEY"] = str(s.keys[subject].path)
+    try:
+        rc = main(list(argv))
+    finally:
+        for k in ("PPFS_GATEWAY", "PPFS_TOKEN", "PPFS_KEY"):
+            os.environ.pop(k, None)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def run_job(s: Stack, dataset_id: str, t, rows: int, k: int = 1) -> None:
+    """A job on the data set sees exactly ``rows`` rows, and its selection is the
+    mirror's on them."""
+    analyst = s.client("analyst-1")
+    keys = s.keys["analyst-1"]
+    job = analyst.submit(keys, [dataset_id], label="label", k=k, security="passive-3pc",
+                         engine="mpyc")
+    assert job["m"] == rows
+    done = wait_final(analyst, job["id"], timeout=240)
+    assert done["state"] == "succeeded", done
+    got = analyst.fetch_result(keys, job["id"])
+    exps = np.asarray(analyst.get_dataset(dataset_id)["column_exponents"])
+    raw = FixedPoint().encode(t.x[:rows], exps, t.columns)
+    ref = mirror(raw, t.y[:rows], Step2AShape(rows, t.p, t.n_classes, k))
+    assert got.indices.tolist() == ref.selected.tolist()
+
+
+def test_refused_or_missed_upload_is_used_by_nobody(stack: Stack) -> None:
+    s = stack
+    t = make_table(20, 3, seed=7)
+    a, b, admin = s.client("owner-a"), s.client("owner-b"), s.client("admin")
+    ds = a.create_dataset("study")["id"]
+    a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, 12)), ds)
+    first = a.get_dataset(ds)["upload_ids"]
+    admin.grant(ds, "owner-b")
+    admin.grant(ds, "analyst-1")
+    exps = a.get_dataset(ds)["column_exponents"]
+    dep = a.deployment()
+
+    # -- Carol refuses: owner-b is not registered with her
+    owners = s.cluster.dep.settings[2].state_dir / "owners.json"
+    registered = json.loads(owners.read_text())
+    owners.write_text(json.dumps({k: v for k, v in registered.items() if k != "owner-b"}))
+    body = build_upload(s.keys["owner-b"], owner_table(t, slice(12, 20)), ds, dep,
+                        exponents=exps)
+    with pytest.raises(ApiError) as err:
+        b.post_upload(ds, body)
+    assert err.value.status == 422 and "Carol" in err.value.detail, err.value
+    assert "not added" in err.value.detail
+    refused = body["upload_id"]
+    assert a.get_dataset(ds)["rows"] == 12
+    for i in range(3):  # Alice and Bob had stored it: dropped, and its id is refused
+        assert store(s, i).status(refused) in ("aborted", "absent")
+        assert [u.manifest.upload_id for u in store(s, i).held_uploads(ds)] == first
+        assert not any((s.cluster.dep.settings[i].state_dir / "staged").iterdir())
+    assert store(s, 0).status(refused) == "aborted"
+    assert pending_decisions(s) == []
+    owners.write_text(json.dumps(registered))
+
+    # -- Carol is down: nobody keeps the part; she hears of the abort when she is back
+    port = stop_party(s, 2)
+    body = build_upload(s.keys["owner-a"], owner_table(t, slice(12, 20)), ds, dep,
+                        exponents=exps)
+    missed = body["upload_id"]
+    with pytest.raises(ApiError) as err:
+        a.post_upload(ds, body)
+    assert err.value.status == 502 and "Carol" in err.value.detail, err.value
+    assert a.get_dataset(ds)["rows"] == 12
+    assert [store(s, i).status(missed) for i in (0, 1)] == ["aborted", "aborted"]
+    assert pending_decisions(s) == [(missed, 2, "abort")]
+    check = a.check_dataset(ds)
+    assert not check["consistent"] and not check["parties"][2]["reachable"]
+    start_party(s, 2, port)
+    wait_until(lambda: pending_decisions(s) == [])
+    assert store(s, 2).status(missed) == "aborted"  # a late part would be refused
+    assert a.check_dataset(ds)["consistent"]
+
+    # -- after the party recovers, a re-upload succeeds and a job sees exactly m = 20
+    a.upload_table(s.keys["owner-a"], owner_table(t, slice(12, 20)), ds, exponents=exps,
+                   deployment=dep)
+    assert a.get_dataset(ds)["rows"] == 20
+    check = a.check_dataset(ds)
+    assert check["consistent"], check
+    assert all(len(p["held"]) == 2 for p in check["parties"])
+    run_job(s, ds, t, 20)
+
+
+def test_lost_upload_is_named_refused_and_repaired(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = stack
+    t = make_table(12, 3, seed=9)
+    a, admin, analyst = s.client("owner-a"), s.client("admin"), s.client("analyst-1")
+    ds = a.create_dataset("study")["id"]
+    a.upload_table(s.keys["owner-a"], owner_table(t), ds)
+    admin.grant(ds, "analyst-1")
+    (upload_id,) = a.get_dataset(ds)["upload_ids"]
+    run_job(s, ds, t, 12)
+    jobs_before = len(analyst.list_jobs())
+
+    # Bob loses the upload (its directory is gone when he restarts)
+    port = stop_party(s, 1)
+    shutil.rmtree(s.cluster.dep.settings[1].state_dir / "uploads" / upload_id)
+    start_party(s, 1, port)
+
+    rc, out, _ = run_cli(capsys, s, "owner-a", "datasets", "check", ds)
+    assert rc == 1
+    assert f"Bob does not hold upload '{upload_id}' of data set '{ds}'" in out, out
+    assert "Alice: holds 1 of 1" in out and "Carol: holds 1 of 1" in out
+
+    # a job refuses at once, naming the party and the upload; nothing stored, no masks
+    with pytest.raises(ApiError) as err:
+        analyst.submit(s.keys["analyst-1"], [ds], label="label", k=1,
+                       security="passive-3pc", engine="mpyc")
+    assert err.value.status == 409
+    assert "Bob" in err.value.detail and upload_id in err.value.detail
+    assert "ppfs datasets repair" in err.value.detail
+    assert len(analyst.list_jobs()) == jobs_before
+    masks_before = analyst.list_datasets(kind="mask")
+
+    # only the upload's owner repairs, with the original part (hash-checked)
+    rc, _, err_text = run_cli(capsys, s, "owner-b", "datasets", "repair", ds)
+    assert rc != 0  # owner-b may not even see the data set
+    rc, out, err_text = run_cli(capsys, s, "owner-a", "datasets", "repair", ds)
+    assert rc == 0, err_text
+    assert f"re-sent upload {upload_id} to Bob" in err_text
+    assert "every party holds exactly them" in out
+    assert store(s, 1).status(upload_id) == "committed"
+    run_job(s, ds, t, 12)
+    assert len(analyst.list_datasets(kind="mask")) == len(masks_before) + 1
