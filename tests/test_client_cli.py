@@ -36,10 +36,11 @@ def run(
     os.environ["PPFS_GATEWAY"] = s.gateway.url
     os.environ["PPFS_TOKEN"] = s.token[subject]
     os.environ["PPFS_KEY"] = str(s.keys[subject].path)
+    os.environ["PPFS_DEPLOYMENT_CA"] = str(s.ca_pem)
     try:
         rc = main(list(argv))
     finally:
-        for k in ("PPFS_GATEWAY", "PPFS_TOKEN", "PPFS_KEY"):
+        for k in ("PPFS_GATEWAY", "PPFS_TOKEN", "PPFS_KEY", "PPFS_DEPLOYMENT_CA"):
             os.environ.pop(k, None)
     out, err = capsys.readouterr()
     return rc, out, err
