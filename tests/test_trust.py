@@ -461,3 +461,37 @@ def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path:
                 await srv.stop(0)
 
     asyncio.run(scenario())
+
+
+def test_consent_command_stores_a_signed_consent_every_job_carries(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ppfs.contract import SignedConsent
+
+    _, ids, _ = horizontal_setup(stack, m=20, p=4, seed=5)
+    url = stack.gateway.url
+    rc, out, _ = run(capsys, stack, url, "analyst-1", "keys", "show")
+    box = json.loads(out)["box_public_key"]
+    assert base64.b64decode(box) == stack.keys["analyst-1"].box_public_key
+    for owner, ds in (("owner-a", ids[0]), ("owner-b", ids[1])):
+        rc, out, err = run(capsys, stack, url, owner, "datasets", "consent", ds,
+                           "--recipient", "analyst-1", "--recipient-key", box)
+        assert rc == 0 and f"{owner} lets analyst-1 learn the selection" in out, err
+    # owner-b may read data set A's schema, but holds no upload in it: no consent of its own
+    rc, _, err = run(capsys, stack, url, "owner-b", "datasets", "consent", ids[0],
+                     "--recipient", "analyst-1", "--recipient-key", box)
+    assert rc == 2 and "only an owner of the data set's uploads" in err, err
+    listed = stack.client("analyst-1").list_consents(ids[0])
+    assert [(c["owner_id"], c["recipient"], c["reveal"]) for c in listed] == [
+        ("owner-a", "analyst-1", "selection")]
+    analyst = stack.client("analyst-1")
+    job = analyst.submit(stack.keys["analyst-1"], ids, label="label", k=1, engine="mpyc")
+    assert wait_final(analyst, job["id"])["state"] == "succeeded"
+    desc = stack.cluster.parties[0].jobs[job["id"]].desc
+    assert desc.recipient == "analyst-1"
+    got = {}
+    for c in desc.consents:
+        sc = SignedConsent(c.statement, c.signature)
+        owner = sc.consent.owner_id
+        got[owner] = sc.verify(stack.keys[owner].verify_key).dataset_id
+    assert got == {"owner-a": ids[0], "owner-b": ids[1]}

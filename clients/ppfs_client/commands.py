@@ -163,6 +163,9 @@ def add_commands(sub: Any) -> None:
     kc.add_argument("--subject", required=True, help="your owner / analyst id")
     kc.add_argument("--out", type=Path, required=True)
     kc.set_defaults(func=_keys_create)
+    ks = ksub.add_parser("show", help="your public keys (give the box key to owners' consents)")
+    ks.add_argument("--key", type=Path, default=None, help="your key file (PPFS_KEY)")
+    ks.set_defaults(func=_keys_show)
 
     dep = sub.add_parser("deployment", help="the parties, sharing scheme and encoding")
     _conn_args(dep)
@@ -512,6 +515,17 @@ def _keys_create(args: argparse.Namespace) -> int:
             }
         )
     )
+    return 0
+
+
+@_guard
+def _keys_show(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    print(json.dumps({
+        "subject": keys.subject,
+        "signing_public_key_hex": keys.verify_key.hex(),
+        "box_public_key": base64.b64encode(keys.box_public_key).decode(),
+    }))
     return 0
 
 
