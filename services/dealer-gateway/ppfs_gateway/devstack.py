@@ -91,7 +91,8 @@ def prepare(root: Path, parties: int) -> StackLayout:
     ca = load_ca(ca_dir)
     for i in range(parties):
         state = root / "parties" / f"p{i}-{PARTY_NAMES[i].lower()}"
-        if not (state / "certs" / "control.pem").exists():
+        # (a state made before party keys were certified gets its key statement now)
+        if not (state / "certs" / "party-keys.json").exists():
             open_state(PartySettings(state_dir=state, index=i))
             sign_party_requests(ca, state)
         layout.party_dirs.append(state)
