@@ -31,9 +31,17 @@ from ppfs_client.sdk import GatewayClient, OwnerTable
 from ppfs_gateway.core.config import Settings
 from ppfs_gateway.main import create_app
 
-from ppfs.contract import JobContract, seal_result, service_shape
+from ppfs.contract import (
+    DatasetSchema,
+    JobContract,
+    ResultStatement,
+    plan,
+    seal_result,
+    service_shape,
+)
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.fixedpoint import FixedPoint
+from ppfs.keycert import TrustAnchor, certify_party_keys
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs.sharing import ShareBundle, components_from_bundles, reconstruct
 from ppfs.step2a import mask_values, mirror
@@ -83,7 +91,13 @@ class FakeParty(pb_grpc.PartyServiceServicer):
         self.received_headers: list[pb.UploadPartHeader] = []
 
     async def GetIdentity(self, request: Any, context: Any) -> pb.PartyIdentity:
+        ca = self.cluster.ca
+        statement, signature = certify_party_keys(
+            ca.key, ca.cert, self.index, PARTY_NAMES[self.index], bytes(self.box.public_key),
+            bytes(self.signing.verify_key))
         return pb.PartyIdentity(
+            key_statement=statement, key_statement_signature=signature,
+            deployment_ca_pem=ca.cert_pem(),
             index=self.index,
             name=PARTY_NAMES[self.index],
             box_public_key=bytes(self.box.public_key),
@@ -223,8 +237,19 @@ class FakeParty(pb_grpc.PartyServiceServicer):
         sealed, sig = seal_result(
             job.desc.job_id, words, job.desc.recipient_public_key, self.signing
         )
+        contract = JobContract.from_proto(job.desc)
+        schemas = []
+        for d in contract.datasets:  # what this party verified: the owner-signed manifests
+            man = self.uploads[d.uploads[0].upload_id][0]
+            schemas.append(DatasetSchema(d.dataset_id, man.columns, man.column_exponents,
+                                         man.label_column, man.classes, man.frac_bits, d.rows))
+        verified = plan(schemas, contract.combination, contract.label_column)
+        statement, statement_sig = ResultStatement.for_job(
+            contract, hashlib.sha256(job.desc.SerializeToString(deterministic=True)).hexdigest(),
+            self.index, sealed, verified).sign(self.signing)
         return pb.SealedResultPart(
-            job_id=job.desc.job_id, party_index=self.index, sealed=sealed, signature=sig
+            job_id=job.desc.job_id, party_index=self.index, sealed=sealed, signature=sig,
+            statement=statement, statement_signature=statement_sig,
         )
 
 
@@ -501,8 +526,14 @@ class Stack:
     root: Path
     token_config: list[dict[str, str]]
 
+    @property
+    def ca_pem(self) -> Path:
+        """The deployment CA certificate: the clients' trust anchor (out of band)."""
+        return self.cluster.tls_dir / "ca.pem"
+
     def client(self, subject: str) -> GatewayClient:
-        return GatewayClient(self.gateway.url, self.token[subject], timeout=30)
+        return GatewayClient(self.gateway.url, self.token[subject], timeout=30,
+                             trust=TrustAnchor.parse(str(self.ca_pem)))
 
     def close(self) -> None:
         self.gateway.stop()

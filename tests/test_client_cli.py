@@ -36,10 +36,11 @@ def run(
     os.environ["PPFS_GATEWAY"] = s.gateway.url
     os.environ["PPFS_TOKEN"] = s.token[subject]
     os.environ["PPFS_KEY"] = str(s.keys[subject].path)
+    os.environ["PPFS_DEPLOYMENT_CA"] = str(s.ca_pem)
     try:
         rc = main(list(argv))
     finally:
-        for k in ("PPFS_GATEWAY", "PPFS_TOKEN", "PPFS_KEY"):
+        for k in ("PPFS_GATEWAY", "PPFS_TOKEN", "PPFS_KEY", "PPFS_DEPLOYMENT_CA"):
             os.environ.pop(k, None)
     out, err = capsys.readouterr()
     return rc, out, err
@@ -182,6 +183,11 @@ def test_ppfs_up_and_demo_service(tmp_path: Path) -> None:
         r = httpx.get(url + "/v1/deployment", headers={"Authorization": f"Bearer {admin}"})
         assert r.status_code == 200 and len(r.json()["parties"]) == 3
         assert httpx.get(url + "/docs").status_code == 200
+        # the clients' trust anchor is in every env file: the development CA certificate
+        env_file = (tmp_path / "stack" / "env" / "analyst.env").read_text()
+        anchor = env_file.split("PPFS_DEPLOYMENT_CA=")[1].split()[0]
+        assert Path(anchor) == (tmp_path / "stack" / "ca" / "ca.pem").resolve()
+        assert all(p["key_statement"] for p in r.json()["parties"])
         for t in tokens:  # tokens never reach a log
             for log in (tmp_path / "stack" / "logs").glob("*.log"):
                 assert t["token"] not in log.read_text()

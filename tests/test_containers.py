@@ -388,7 +388,14 @@ class _Service:
     def client(self, subject: str):
         from ppfs_client.sdk import GatewayClient
 
-        return GatewayClient(self.url, self.tokens[subject], verify=self.verify)
+        from ppfs.keycert import TrustAnchor
+
+        # the clients' trust anchor, as make_secrets wrote it to clients/<subject>.env
+        env = (self.secrets / "clients" / f"{subject}.env").read_text()
+        anchor = next(line.split("=", 1)[1] for line in env.splitlines()
+                      if line.startswith("export PPFS_DEPLOYMENT_CA="))
+        return GatewayClient(self.url, self.tokens[subject], verify=self.verify,
+                             trust=TrustAnchor.parse(anchor))
 
     def keys(self, subject: str):
         from ppfs_client.keys import ClientKeys
@@ -411,6 +418,12 @@ class _Service:
 
     def submit(self, table, dataset_id: str, k: int, security: str,
                training: dict | None = None) -> str:
+        from ppfs.contract import Reveal
+
+        with self.client("owner-a") as owner:  # the owner's consent, checked by every party
+            owner.consent(self.keys("owner-a"), dataset_id, "analyst",
+                          self.keys("analyst").box_public_key,
+                          Reveal.MODEL if training else Reveal.SELECTION)
         with self.client("analyst") as analyst:
             job = analyst.submit(self.keys("analyst"), [dataset_id], label=table.label_column,
                                  k=k, security=security, engine="mp-spdz", training=training)

@@ -13,6 +13,7 @@ import pytest
 from service_fakes import RealCluster, make_stack, owner_table, wait_final
 
 from ppfs import oracle
+from ppfs.contract import Reveal
 from ppfs.engines.registry import get_engine
 from ppfs.fixedpoint import FixedPoint
 from ppfs.step2a import Step2AShape, mirror
@@ -86,6 +87,10 @@ def test_service_end_to_end(
             )
         for d in (ds_a, ds_b):
             admin.grant(d["id"], "analyst-1")
+        # each owner consents, with its own key, to what the analyst learns
+        box = s.keys["analyst-1"].box_public_key
+        a.consent(s.keys["owner-a"], ds_a["id"], "analyst-1", box)
+        b.consent(s.keys["owner-b"], ds_b["id"], "analyst-1", box)
         analyst = s.client("analyst-1")
         job = analyst.submit(
             s.keys["analyst-1"],
@@ -135,6 +140,8 @@ def test_service_training_job_delivers_only_the_model(tmp_path: Path, engine: st
         admin.grant(ds["id"], "analyst-1")
         exps = np.asarray(a.get_dataset(ds["id"])["column_exponents"])
         raw = FixedPoint().encode(t.x, exps, t.columns)
+        a.consent(s.keys["owner-a"], ds["id"], "analyst-1", s.keys["analyst-1"].box_public_key,
+                  Reveal.MODEL)
         analyst = s.client("analyst-1")
         training = {"epochs": 2, "batch_size": 8, "learning_rate": 0.5, "seed": 3}
         job = analyst.submit(
@@ -180,6 +187,7 @@ def test_stopped_party_is_named_not_the_peers_that_lost_it(tmp_path: Path) -> No
         ds = a.create_dataset("a")
         a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, m)), ds["id"])
         admin.grant(ds["id"], "analyst-1")
+        a.consent(s.keys["owner-a"], ds["id"], "analyst-1", s.keys["analyst-1"].box_public_key)
         analyst = s.client("analyst-1")
         job = analyst.submit(s.keys["analyst-1"], [ds["id"]], label="label", k=2, engine="mpyc")
         deadline = time.monotonic() + 60

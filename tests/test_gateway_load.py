@@ -39,9 +39,12 @@ def test_concurrent_uploads_and_jobs(tmp_path: Path) -> None:
         admin = s.client("admin")
         listed = {d["id"]: d for d in admin.list_datasets()}
         assert set(ids) <= set(listed) and len(set(ids)) == OWNERS
+        box = s.keys["analyst-1"].box_public_key
         for i, d in enumerate(ids):
             assert listed[d]["owner_id"] == f"owner-{i}" and listed[d]["rows"] == 16
             admin.grant(d, "analyst-1")
+            # each owner's consent, checked by every party
+            s.client(f"owner-{i}").consent(s.keys[f"owner-{i}"], d, "analyst-1", box)
         # every owner sees exactly its own data set
         for i in (0, 7, 19):
             assert [d["id"] for d in s.client(f"owner-{i}").list_datasets()] == [ids[i]]

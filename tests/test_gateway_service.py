@@ -17,6 +17,7 @@ from service_fakes import Stack, horizontal_setup, make_stack, owner_table, wait
 
 from ppfs import oracle
 from ppfs.fixedpoint import FixedPoint
+from ppfs.keycert import TrustAnchor
 from ppfs.step2a import Step2AShape, mirror
 from ppfs.synthetic import make_table
 
@@ -228,7 +229,8 @@ def test_gateway_needs_a_certificate_from_the_deployment_ca(tmp_path: Path) -> N
         )
         gw = GatewayThread(settings.model_copy(update={"tls": tls, "party_rpc_seconds": 3.0}))
         try:
-            c = GatewayClient(gw.url, s.token["admin"])
+            c = GatewayClient(gw.url, s.token["admin"],
+                              trust=TrustAnchor.parse(str(s.ca_pem)))
             with pytest.raises(ApiError) as e:
                 c.deployment()
             assert e.value.status == 502 and "did not answer" in e.value.detail
@@ -288,9 +290,11 @@ def test_https_gateway(tmp_path: Path) -> None:
         try:
             assert gw.url.startswith("https://")
             ca = str(s.cluster.tls_dir / "ca.pem")
-            with GatewayClient(gw.url, s.token["admin"], verify=ca) as c:
+            trust = TrustAnchor.parse(ca)
+            with GatewayClient(gw.url, s.token["admin"], verify=ca, trust=trust) as c:
                 assert len(c.deployment().parties) == 3
-            with pytest.raises(ApiError), GatewayClient(gw.url, s.token["admin"]) as c:
+            with pytest.raises(ApiError), GatewayClient(gw.url, s.token["admin"],
+                                                         trust=trust) as c:
                 c.deployment()  # a client that does not trust the deployment CA
         finally:
             gw.stop()

@@ -174,7 +174,7 @@ def _run(tmp_path: Path, scenario: Callable[[World], Awaitable[None]], **overrid
             data = data_upload(owner, box, raw, table.columns, exps, dataset_id="ds",
                                upload_id="up-1", onehot=table.one_hot(),
                                label_column=table.label_column, classes=table.classes)
-            w = World(dep, stubs, box, raw, table.y, data, PrivateKey.generate(), fp)
+            w = World(dep, stubs, box, raw, table.y, data, dep.owners["recipient"].box, fp)
             await w.put(data)
             await scenario(w)
         finally:

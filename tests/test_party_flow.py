@@ -17,7 +17,6 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from nacl.public import PrivateKey
 from ppfs_party.server import SERVICE_NAME, start_party_server
 from ppfs_party.testing import (
     Deployment,
@@ -139,7 +138,7 @@ async def run_scenario(
         info = await stubs[0].GetDataset(party_pb2.GetDatasetRequest(dataset_id="ds-a"))
         assert info.upload_ids == ["up-a"] and info.rows > 0
 
-        recipient_box = PrivateKey.generate()
+        recipient_box = rec.box
         desc = describe_job(
             f"job-{uuid.uuid4().hex[:8]}", [[ups[0]], [ups[1]]], mask=ups[2], k=k,
             security=security.value, engine=engine, combination=combination,
@@ -278,7 +277,7 @@ def test_cancel_kills_the_engine_process(tmp_path: Path) -> None:
                     await stub.PutUploadPart(upload_messages(u, 0))
                 desc = describe_job(
                     "j1", [[up]], mask=mask, k=1, security="passive-3pc", engine="mpyc",
-                    recipient_public_key=bytes(PrivateKey.generate().public_key),
+                    recipient_public_key=bytes(rec.box.public_key),
                     peers=dep.peer_addresses(),
                 )
                 await stub.StartJob(start_requests(desc))

@@ -147,7 +147,7 @@ def test_party_restarted_between_upload_and_job(tmp_path: Path) -> None:
             await cluster.send_mask()
             await cluster.stop(1)  # SIGTERM: graceful stop, state on disk
             await cluster.start(1)
-            recipient = PrivateKey.generate()
+            recipient = cluster.recipient.box
             desc = cluster.job("job-1", "mask-1", Security.PASSIVE_3PC, "mpyc", 2, recipient)
             await cluster.run_job(desc, raw, table.y, words, shape, recipient)
         finally:
@@ -185,7 +185,7 @@ def test_party_killed_mid_job_then_resubmitted(security: Security, engine: str,
                 await cluster.start(i)
             raw, _, shape = await cluster.upload(table, small, "mask-1")
             await cluster.send_mask()
-            recipient = PrivateKey.generate()
+            recipient = cluster.recipient.box
             desc = cluster.job("job-1", "mask-1", security, engine, small, recipient)
             for stub in cluster.stubs:
                 await stub.StartJob(start_requests(desc))

@@ -11,7 +11,6 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 from ppfs_party.server import PartyServer, start_party_server
 from ppfs_party.testing import (
@@ -230,7 +229,7 @@ def test_job_refused_on_description_mismatch_and_bad_parameters(tmp_path: Path) 
                            dataset_id="m", upload_id="m1")
         desc = describe_job(
             "j1", [[never_sent]], mask=mask, k=1, security="passive-3pc", engine="mpyc",
-            recipient_public_key=bytes(PrivateKey.generate().public_key),
+            recipient_public_key=bytes(dep.owners["owner-a"].box.public_key),
             peers=dep.peer_addresses(),
         )
         req = start_requests(desc)

@@ -1,14 +1,18 @@
 """`ppfs upload`, `ppfs datasets`, `ppfs masks`, `ppfs jobs`, `ppfs result`, `ppfs keys`:
 the client side of the service, for data owners, analysts and model owners.
 
-The gateway URL, the bearer token and the key file come from flags or from the
-environment (PPFS_GATEWAY, PPFS_TOKEN, PPFS_KEY). Exit codes: 0 done, 1 the job or
-the service failed, 2 bad input or a refused request.
+The gateway URL, the bearer token, the key file and the deployment's trust anchor
+come from flags or from the environment (PPFS_GATEWAY, PPFS_TOKEN, PPFS_KEY,
+PPFS_DEPLOYMENT_CA). Without a trust anchor (the deployment CA certificate, or its
+SHA-256 fingerprint, from whoever runs the deployment) nothing is uploaded, no job
+is submitted and no result is opened: the parties' keys could not be checked.
+Exit codes: 0 done, 1 the job or the service failed, 2 bad input or a refused request.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
@@ -17,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ppfs.contract import Reveal
 from ppfs.errors import InputDataError, ParameterError, PpfsError
 from ppfs.jobflags import (
     ENGINE_PREFERENCE,
@@ -24,6 +29,7 @@ from ppfs.jobflags import (
     best_engine,
     train_params_from_flags,
 )
+from ppfs.keycert import ANCHOR_ENV, TrustAnchor
 from ppfs.table import read_csv, read_features
 from ppfs_client.keys import ClientKeys
 from ppfs_client.progress import FINAL_STATES, JobProgressView, change_line, signature
@@ -84,6 +90,24 @@ def add_commands(sub: Any) -> None:
     repair.add_argument("dataset_id")
     _conn_args(repair)
     repair.set_defaults(func=_datasets_repair)
+    consent = dsub.add_parser(
+        "consent",
+        help="(owner) let a recipient learn the selection (and model) of jobs on your data",
+        description="Sign with your key, and store at the gateway, your consent that jobs on "
+        "DATASET may reveal the selection (with --model: and the trained model) to the "
+        "recipient SUBJECT holding the result key B64. Every party checks it against your "
+        "registered key before it runs a job on your uploads; without it they refuse.",
+    )
+    consent.add_argument("dataset_id", metavar="DATASET")
+    consent.add_argument("--recipient", required=True, metavar="SUBJECT")
+    consent.add_argument(
+        "--recipient-key", required=True, metavar="B64",
+        help="the recipient's box (result) public key, base64 or hex, as `ppfs keys create` "
+        "printed it; get it from the recipient, not from the gateway",
+    )
+    consent.add_argument("--model", action="store_true", help="also reveal the model (Step 2B)")
+    _conn_args(consent)
+    consent.set_defaults(func=_datasets_consent)
 
     masks = sub.add_parser("masks", help="output masks of a result recipient")
     msub = masks.add_subparsers(dest="masks_command", required=True)
@@ -152,6 +176,9 @@ def add_commands(sub: Any) -> None:
     kc.add_argument("--subject", required=True, help="your owner / analyst id")
     kc.add_argument("--out", type=Path, required=True)
     kc.set_defaults(func=_keys_create)
+    ks = ksub.add_parser("show", help="your public keys (give the box key to owners' consents)")
+    ks.add_argument("--key", type=Path, default=None, help="your key file (PPFS_KEY)")
+    ks.set_defaults(func=_keys_show)
 
     dep = sub.add_parser("deployment", help="the parties, sharing scheme and encoding")
     _conn_args(dep)
@@ -163,6 +190,11 @@ def _conn_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None, help="bearer token (PPFS_TOKEN; prefer the env var)")
     p.add_argument("--key", type=Path, default=None, help="your key file (PPFS_KEY)")
     p.add_argument("--ca", type=Path, default=None, help="CA bundle for an HTTPS gateway (PPFS_CA)")
+    p.add_argument(
+        "--deployment-ca", default=None, metavar="FILE_OR_SHA256",
+        help="the deployment CA certificate, or its SHA-256 fingerprint, that certifies the "
+        "parties' keys (PPFS_DEPLOYMENT_CA; from the operator: `ppfs pki fingerprint`)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -172,7 +204,9 @@ def _client(args: argparse.Namespace) -> GatewayClient:
     if not token:
         raise ParameterError("no token: pass --token or set PPFS_TOKEN")
     ca = args.ca or (Path(os.environ["PPFS_CA"]) if os.environ.get("PPFS_CA") else None)
-    return GatewayClient(url, token, verify=str(ca) if ca else True)
+    anchor = getattr(args, "deployment_ca", None) or os.environ.get(ANCHOR_ENV)
+    trust = TrustAnchor.parse(anchor) if anchor else None  # refused where keys matter
+    return GatewayClient(url, token, verify=str(ca) if ca else True, trust=trust)
 
 
 def _keys(args: argparse.Namespace) -> ClientKeys:
@@ -358,6 +392,29 @@ def _datasets_repair(args: argparse.Namespace) -> int:
     return 0 if c["consistent"] else EXIT_FAILED
 
 
+def _public_key(text: str) -> bytes:
+    text = text.strip()
+    try:
+        key = bytes.fromhex(text) if len(text) == 64 else base64.b64decode(text, validate=True)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise ParameterError("--recipient-key must be a 32-byte X25519 public key (base64 or hex)")
+    return key
+
+
+@_guard
+def _datasets_consent(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    reveal = Reveal.MODEL if args.model else Reveal.SELECTION
+    with _client(args) as client:
+        c = client.consent(keys, args.dataset_id, args.recipient,
+                           _public_key(args.recipient_key), reveal)
+    _out(args, c, f"{c['owner_id']} lets {c['recipient']} learn the {c['reveal']} of jobs on "
+         f"{c['dataset_id']}")
+    return 0
+
+
 @_guard
 def _masks_create(args: argparse.Namespace) -> int:
     keys = _keys(args)
@@ -503,6 +560,7 @@ def _keys_create(args: argparse.Namespace) -> int:
                 "subject": keys.subject,
                 "signing_public_key_hex": keys.verify_key.hex(),
                 "box_public_key_hex": keys.box_public_key.hex(),
+                "box_public_key": base64.b64encode(keys.box_public_key).decode(),
                 "key_file": str(args.out),
             }
         )
@@ -511,8 +569,20 @@ def _keys_create(args: argparse.Namespace) -> int:
 
 
 @_guard
+def _keys_show(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    print(json.dumps({
+        "subject": keys.subject,
+        "signing_public_key_hex": keys.verify_key.hex(),
+        "box_public_key": base64.b64encode(keys.box_public_key).decode(),
+    }))
+    return 0
+
+
+@_guard
 def _deployment(args: argparse.Namespace) -> int:
     with _client(args) as client:
+        client.deployment()  # every party's keys checked against the trust anchor
         raw = client._call("GET", "/v1/deployment")
     lines = [
         f"{p['index']} {p['name']:6} mpc {p['mpc_address']}  engines {', '.join(p['engines'])}"

@@ -4,7 +4,14 @@ Everything secret happens here, on the client's machine: encoding (ppfs.fixedpoi
 secret sharing (ppfs.sharing), sealing each party's bundles to that party's box key
 and signing the manifest (ppfs.upload), drawing mask words (ppfs.step2a) and, for
 the recipient, opening and unmasking the result. The gateway only ever sees
-sealed parts, signed manifests and public schemas.
+sealed parts, signed manifests, signed consents and public schemas.
+
+Nothing the gateway says is taken on trust where it matters: every party's box and
+signing keys must be certified by the deployment CA the client holds out of band
+(ppfs.keycert; :class:`GatewayClient` ``trust``), checked before anything is sealed;
+a result is accepted only with exactly one part per party, each signed by that
+party's certified key, all parties' signed statements alike, and it is decoded with
+the columns, exponents and classes the parties signed (ppfs.contract.ResultStatement).
 """
 
 from __future__ import annotations
@@ -23,12 +30,19 @@ import httpx
 import numpy as np
 
 from ppfs.contract import (
+    Consent,
+    ResultRejected,
+    ResultStatement,
+    Reveal,
     open_result,
+    open_result_statement,
     service_shape,
     training_from_body,
 )
+from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import PpfsError, ShareFormatError
 from ppfs.fixedpoint import FixedPoint
+from ppfs.keycert import NoTrustAnchor, TrustAnchor, UntrustedPartyKey, verify_party_keys
 from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.step2a import draw_mask_words, unmask_all
 from ppfs.upload import Manifest, pack_bundles, seal, sign_manifest
@@ -67,20 +81,37 @@ class Deployment:
     fixed_point: FixedPoint
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Deployment:
+    def from_json(cls, d: dict[str, Any], trust: TrustAnchor) -> Deployment:
+        """The deployment as the gateway describes it, every party's keys checked against
+        the trust anchor (UntrustedPartyKey naming the first party that fails)."""
         fp = d["fixed_point"]
-        return cls(
-            parties=tuple(
-                PartyInfo(
-                    p["index"],
-                    p["name"],
-                    base64.b64decode(p["box_public_key"]),
-                    base64.b64decode(p["signing_public_key"]),
-                    p["mpc_address"],
-                    tuple(p["engines"]),
+        parties = []
+        relayed_ca = str(d.get("deployment_ca_pem", "")).encode()
+        for pos, p in enumerate(d["parties"]):
+            info = PartyInfo(
+                int(p["index"]),
+                str(p["name"]),
+                base64.b64decode(p["box_public_key"]),
+                base64.b64decode(p["signing_public_key"]),
+                p["mpc_address"],
+                tuple(p["engines"]),
+            )
+            if info.index != pos or pos >= len(PARTY_NAMES) or info.name != PARTY_NAMES[pos]:
+                raise UntrustedPartyKey(
+                    f"the gateway lists party {info.index} ({info.name}) in place {pos}"
                 )
-                for p in d["parties"]
-            ),
+            verify_party_keys(
+                trust, index=info.index, name=info.name, box_public_key=info.box_public_key,
+                signing_public_key=info.signing_public_key,
+                statement=base64.b64decode(p.get("key_statement", "")),
+                signature=base64.b64decode(p.get("key_statement_signature", "")),
+                relayed_ca_pem=relayed_ca,
+            )
+            parties.append(info)
+        if len(parties) not in (3, 4):
+            raise UntrustedPartyKey(f"the gateway lists {len(parties)} parties, not 3 or 4")
+        return cls(
+            parties=tuple(parties),
             scheme=Scheme(d["scheme"]),
             securities=tuple(d["securities"]),
             fixed_point=FixedPoint(fp["frac_bits"], fp["value_bits"], fp["target_bits"]),
@@ -131,7 +162,11 @@ class GatewayClient:
         timeout: float = 120.0,
         transport: httpx.BaseTransport | None = None,
         verify: bool | str = True,
+        trust: TrustAnchor | None = None,
     ) -> None:
+        # the deployment CA (or its fingerprint) every party's keys must be certified by;
+        # without it nothing is sealed to a party and no result is opened
+        self.trust = trust
         # a CA bundle path (an HTTPS gateway with a deployment certificate) or True/False
         tls: bool | ssl.SSLContext = (
             ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
@@ -173,7 +208,11 @@ class GatewayClient:
     # -- plain calls -----------------------------------------------------------------
 
     def deployment(self) -> Deployment:
-        return Deployment.from_json(self._call("GET", "/v1/deployment"))
+        """The parties with keys verified against the trust anchor (NoTrustAnchor without
+        one, UntrustedPartyKey naming a party whose keys do not verify)."""
+        if self.trust is None:
+            raise NoTrustAnchor()
+        return Deployment.from_json(self._call("GET", "/v1/deployment"), self.trust)
 
     def create_dataset(
         self, name: str, kind: str = "data", owner_id: str | None = None
@@ -191,6 +230,22 @@ class GatewayClient:
 
     def grant(self, dataset_id: str, subject: str) -> dict[str, Any]:
         return dict(self._call("POST", f"/v1/datasets/{dataset_id}/grants", {"subject": subject}))
+
+    def consent(
+        self, keys: ClientKeys, dataset_id: str, recipient: str, recipient_key: bytes,
+        reveal: Reveal = Reveal.SELECTION,
+    ) -> dict[str, Any]:
+        """Sign (with the owner's key) and store a consent: jobs on this data set may
+        reveal ``reveal`` to ``recipient`` holding ``recipient_key``. Every party checks
+        it itself before it runs a job on the owner's uploads."""
+        signed = Consent(keys.subject, dataset_id, recipient, recipient_key, reveal).sign(
+            keys.signing)
+        body = {"statement": base64.b64encode(signed.statement).decode(),
+                "signature": base64.b64encode(signed.signature).decode()}
+        return dict(self._call("POST", f"/v1/datasets/{dataset_id}/consents", body))
+
+    def list_consents(self, dataset_id: str) -> list[dict[str, Any]]:
+        return list(self._call("GET", f"/v1/datasets/{dataset_id}/consents"))
 
     def post_upload(
         self, dataset_id: str, body: dict[str, Any], progress: Progress | None = None
@@ -336,7 +391,10 @@ class GatewayClient:
         training: dict[str, Any] | None = None,
         mask_upload_id: str | None = None,
     ) -> dict[str, Any]:
-        """Submit a job; without ``mask_upload_id`` draw and upload fresh masks first."""
+        """Submit a job; without ``mask_upload_id`` draw and upload fresh masks first. On
+        data sets this key's subject owns, its consent to itself is given first."""
+        # the parties' keys are checked before anything is signed, sealed or uploaded
+        dep = self.deployment() if mask_upload_id is None else None
         body: dict[str, Any] = {
             "dataset_ids": list(dataset_ids),
             "combination": combination,
@@ -348,11 +406,17 @@ class GatewayClient:
         }
         if training is not None:
             body["training"] = training
+        count = 0
         if mask_upload_id is None:
-            # every check first (nothing stored): a refused job leaves no masks behind
+            # every check first (nothing stored): a refused job leaves no consent or masks
             valid = self.validate_job(body)
             count = int(valid["outputs"])  # the selection (and the model); D' stays in MPC
-            mask_upload_id = self.create_masks(keys, count)
+        reveal = Reveal.MODEL if training is not None else Reveal.SELECTION
+        for d in dataset_ids:
+            if self.get_dataset(d)["owner_id"] == keys.subject:
+                self.consent(keys, d, keys.subject, keys.box_public_key, reveal)
+        if mask_upload_id is None:
+            mask_upload_id = self.create_masks(keys, count, deployment=dep)
         body["mask_upload_id"] = mask_upload_id
         return self.submit_job(body)
 
@@ -409,6 +473,8 @@ def build_upload(
         for bundles, p in zip(per_party, dep.parties, strict=True)
     ]
     manifest = Manifest(
+        recipient_public_key=(base64.b64encode(keys.box_public_key).decode()
+                              if kind == "mask" else ""),
         dataset_id=dataset_id,
         upload_id=upload_id,
         owner_id=keys.subject,
@@ -431,40 +497,92 @@ def build_upload(
     }
 
 
-def open_selection(
-    keys: ClientKeys, job: dict[str, Any], parts: Sequence[dict[str, Any]], dep: Deployment
-) -> ResultSelection:
-    """Verify, open and compare every party's part, then unmask (recipient side only)."""
-    job_id = job["id"]
-    if len(parts) != len(dep.parties):
-        raise ShareFormatError(f"expected {len(dep.parties)} result parts, got {len(parts)}")
-    opened: list[tuple[PartyInfo, np.ndarray]] = []
-    for p in parts:
-        party = dep.parties[int(p["party_index"])]
-        words = open_result(
-            job_id,
-            base64.b64decode(p["sealed"]),
-            base64.b64decode(p["signature"]),
-            party.signing_public_key,
-            keys.box,
+def verified_statement(
+    job_id: str, parts: Sequence[dict[str, Any]], dep: Deployment, keys: ClientKeys
+) -> tuple[np.ndarray, ResultStatement]:
+    """The opened words and the statement every party signed: exactly one part per
+    party index, each signed by that party's certified key, all alike; ResultRejected
+    naming the party otherwise."""
+    n = len(dep.parties)
+    try:
+        indices = [int(p["party_index"]) for p in parts]
+    except (KeyError, TypeError, ValueError):
+        raise ResultRejected("a result part names no party") from None
+    repeated = sorted({i for i in indices if indices.count(i) > 1})
+    if repeated:
+        raise ResultRejected(
+            "the result holds more than one part of "
+            + ", ".join(dep.parties[i].name if 0 <= i < n else f"party {i}" for i in repeated)
+            + ": do not trust this result"
         )
-        opened.append((party, words))
-    first, words = opened[0]
-    for party, other in opened[1:]:
+    missing = [dep.parties[i].name for i in range(n) if i not in indices]
+    unknown = [i for i in indices if not 0 <= i < n]
+    if missing or unknown:
+        raise ResultRejected(
+            "the result lacks the part of " + ", ".join(missing) if missing
+            else f"the result holds a part of unknown party {unknown[0]}"
+        )
+    opened: list[tuple[PartyInfo, np.ndarray, ResultStatement]] = []
+    for p in sorted(parts, key=lambda q: int(q["party_index"])):
+        party = dep.parties[int(p["party_index"])]
+        sealed = base64.b64decode(p["sealed"])
+        try:
+            words = open_result(job_id, sealed, base64.b64decode(p["signature"]),
+                                party.signing_public_key, keys.box)
+        except ShareFormatError as exc:
+            raise ResultRejected(f"{party.name}'s part: {exc}") from None
+        st = open_result_statement(
+            job_id, party.index, sealed, base64.b64decode(p.get("statement", "")),
+            base64.b64decode(p.get("statement_signature", "")), party.signing_public_key,
+            party.name)
+        opened.append((party, words, st))
+    first, words, st = opened[0]
+    for party, other, ost in opened[1:]:
         if other.shape != words.shape or not np.array_equal(other, words):
-            raise ShareFormatError(
+            raise ResultRejected(
                 f"the parties' results disagree ({party.name} differs from {first.name}): "
                 "do not trust this result"
             )
-    mask_words = keys.load_mask_words(job["mask_upload_id"])
+        if ost.decoding() != st.decoding():
+            raise ResultRejected(
+                f"the parties' signed statements disagree ({party.name} differs from "
+                f"{first.name}): do not trust this result"
+            )
+    if base64.b64decode(st.recipient_public_key) != keys.box_public_key:
+        raise ResultRejected("the parties sealed this result to another recipient key")
+    return words, st
+
+
+# what the recipient decodes with, as the gateway's job record and the parties' statement
+# name it
+_RECORD_FIELDS = ("m", "p", "k", "columns", "column_exponents", "classes", "frac_bits",
+                  "mask_upload_id", "dataset_ids")
+
+
+def open_selection(
+    keys: ClientKeys, job: dict[str, Any], parts: Sequence[dict[str, Any]], dep: Deployment
+) -> ResultSelection:
+    """Verify, open and compare every party's part, then unmask (recipient side only).
+    Decoded with what every party signed; the gateway's job record must agree with it."""
+    job_id = job["id"]
+    words, st = verified_statement(job_id, parts, dep, keys)
+    signed = st.decoding()
+    differ = [f for f in _RECORD_FIELDS if f in job and list(_listed(job[f])) != list(
+        _listed(signed[f]))]
+    if differ:
+        raise ResultRejected(
+            "the gateway's job record differs from what every party signed in "
+            + ", ".join(differ) + ": do not trust the gateway's description of this job"
+        )
+    mask_words = keys.load_mask_words(st.mask_upload_id)
     if mask_words.shape[0] != words.size:
         raise ShareFormatError(f"expected {mask_words.shape[0]} opened words, got {words.size}")
-    m, p, k, n_classes = job["m"], job["p"], job["k"], len(job["classes"])
-    fp = FixedPoint(frac_bits=job["frac_bits"])
-    exps = np.asarray(job["column_exponents"], dtype=np.int64)
-    params = training_from_body(job.get("training"))
+    m, p, k, n_classes = st.m, st.p, st.k, len(st.classes)
+    fp = FixedPoint(frac_bits=st.frac_bits)
+    exps = np.asarray(st.column_exponents, dtype=np.int64)
+    params = training_from_body(st.training)
     shape = service_shape(m, p, n_classes, k, fp.value_bits, params)
-    if words.size != shape.outputs:
+    if words.size != shape.outputs or st.outputs != shape.outputs:
         raise ShareFormatError(f"this job opens {shape.outputs} words, got {words.size}")
     out = unmask_all(words, mask_words, shape)
     idx = out.indices
@@ -477,14 +595,16 @@ def open_selection(
         if out.model is None:
             raise ShareFormatError("the training job's result holds no model")
         alpha_full, beta = split_model_words(out.model, p, n_classes)
-        model = decode_model(
-            alpha_full, beta, exps, fp, params, tuple(job["columns"]), tuple(job["classes"])
-        )
+        model = decode_model(alpha_full, beta, exps, fp, params, st.columns, st.classes)
     return ResultSelection(
         job_id=job_id,
-        columns=[job["columns"][int(j)] for j in idx],
+        columns=[st.columns[int(j)] for j in idx],
         indices=idx,
         opened_words=int(words.size),  # D' is never opened in service mode
         parties=len(dep.parties),
         model=model,
     )
+
+
+def _listed(v: Any) -> Any:
+    return v if isinstance(v, list | tuple) else [v]

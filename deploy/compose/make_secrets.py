@@ -152,6 +152,13 @@ def main() -> int:
     security = args.security or ("passive-3pc" if args.parties == 3 else "active-4pc")
     host_out = args.host_out or args.out.resolve()
     url = args.gateway_url or ("https" if args.https_name else "http") + "://127.0.0.1:8080"
+    from cryptography import x509
+
+    from ppfs.keycert import ca_fingerprint
+
+    # the clients' trust anchor: the deployment CA's fingerprint, which certifies the
+    # parties' keys (clients refuse party keys it did not certify)
+    anchor = ca_fingerprint(x509.load_pem_x509_certificate((work / "ca" / "ca.pem").read_bytes()))
     for _, subject in PRINCIPALS:
         _copy_private(layout.key_file(subject), clients / f"{subject}.key")
         ca_line = f"export PPFS_CA={host_out / 'ca' / 'ca.pem'}\n" if args.https_name else ""
@@ -161,6 +168,7 @@ def main() -> int:
             f"export PPFS_SECURITY={security}\n"
             f"export PPFS_TOKEN={layout.tokens[subject]}\n"
             f"export PPFS_KEY={host_out / 'clients' / subject}.key\n"
+            f"export PPFS_DEPLOYMENT_CA={anchor}\n"
         )
         path = clients / f"{subject}.env"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -18,14 +18,27 @@ The result part of one party (:func:`seal_result`, :func:`open_result`): the ope
 (value + mask) words as little-endian uint64, sealed to the recipient, signed by the
 party over ``job_id || sealed``.
 
-Later parts of the contract (owner consents, certified party keys) are further
-fields of :class:`JobContract` and of ``JobDescription`` (numbers 19-29 are free).
+Owner consents (:class:`Consent`): a party runs a job only when every owner of
+every upload the job pins signed a consent naming the data set, the recipient
+(subject and box key) and what may be revealed (:class:`Reveal`); the consents
+travel in the description (field 19, the recipient's subject in 20) and each party
+checks them against its own registered owner keys (:func:`check_consents`), so a
+gateway cannot point a job at a recipient the owners never agreed to.
+
+Result statements (:class:`ResultStatement`): each party signs, next to its sealed
+part, what the words mean (columns, exponents, classes and shape as it verified
+them from the owner-signed manifests). The recipient decodes only with a statement
+every party signed identically, never with the gateway's job record.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import datetime as dt
 import enum
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -50,6 +63,8 @@ from ppfs.step2b import TrainParams
 from ppfs.v1 import party_pb2 as pb
 
 CONTRACT_VERSION = 1
+CONSENT_PURPOSE = "ppfs consent v1"
+RESULT_PURPOSE = "ppfs result v1"
 ENGINES = ("mp-spdz", "mpyc")
 SESSION_TAG_BITS = 63
 
@@ -249,6 +264,123 @@ def service_shape(
     return Step2AShape(m, p, n_classes, k, value_bits, reveal_reduced=False, train=train)
 
 
+class Reveal(enum.StrEnum):
+    """What an owner lets a recipient learn from a job on its data."""
+
+    SELECTION = "selection"  # the k selected column indices
+    MODEL = "selection+model"  # and the Step 2B model on them
+
+    def covers(self, training: bool) -> bool:
+        return self is Reveal.MODEL or not training
+
+
+class ConsentError(ParameterError):
+    """A job lacks a valid consent of an owner whose data it uses."""
+
+
+def _canonical(obj: Mapping[str, Any]) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+@dataclass(frozen=True)
+class Consent:
+    """An owner's permission: jobs on ``dataset_id`` may reveal ``reveal`` to the
+    recipient ``recipient`` holding the X25519 key ``recipient_public_key``."""
+
+    owner_id: str
+    dataset_id: str
+    recipient: str
+    recipient_public_key: bytes
+    reveal: Reveal
+    created_at: str = ""
+
+    def to_bytes(self) -> bytes:
+        return _canonical({
+            "purpose": CONSENT_PURPOSE, "owner_id": self.owner_id,
+            "dataset_id": self.dataset_id, "recipient": self.recipient,
+            "recipient_public_key": _b64(self.recipient_public_key),
+            "reveal": self.reveal.value,
+            "created_at": self.created_at or dt.datetime.now(dt.UTC).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"),
+        })
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> Consent:
+        try:
+            d = json.loads(blob)
+            if d["purpose"] != CONSENT_PURPOSE:
+                raise ValueError
+            key = base64.b64decode(d["recipient_public_key"], validate=True)
+            if len(key) != 32:
+                raise ValueError
+            return cls(str(d["owner_id"]), str(d["dataset_id"]), str(d["recipient"]), key,
+                       Reveal(d["reveal"]), str(d["created_at"]))
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            raise ConsentError("a consent statement is malformed") from None
+
+    def sign(self, key: SigningKey) -> SignedConsent:
+        blob = self.to_bytes()
+        return SignedConsent(blob, key.sign(blob).signature)
+
+
+@dataclass(frozen=True)
+class SignedConsent:
+    statement: bytes
+    signature: bytes
+
+    @property
+    def consent(self) -> Consent:
+        return Consent.from_bytes(self.statement)
+
+    def verify(self, owner_key: bytes) -> Consent:
+        try:
+            VerifyKey(owner_key).verify(self.statement, self.signature)
+        except (BadSignatureError, ValueError):
+            raise ConsentError("a consent is not signed by the owner it names") from None
+        return self.consent
+
+
+def check_consents(
+    job: JobContract, upload_owners: Mapping[str, Sequence[str]], owner_keys: Mapping[str, bytes],
+    mask_owner: str, mask_recipient_key: bytes,
+) -> None:
+    """A party's own authorisation of a job: for every data set, every owner of a
+    pinned upload (``upload_owners``: data set id -> owner ids, from the manifests the
+    party verified) signed a consent (key from ``owner_keys``, the party's registered
+    owners) for this data set, the job's recipient and key, revealing at least what
+    the job reveals; and the mask upload was made by that recipient for that key.
+    ConsentError naming what is missing otherwise."""
+    if not job.recipient:
+        raise ConsentError("the job names no recipient")
+    if mask_owner != job.recipient or mask_recipient_key != job.recipient_public_key:
+        raise ConsentError(
+            f"the mask upload was not made by the recipient {job.recipient!r} for the job's "
+            "recipient key"
+        )
+    valid: set[tuple[str, str]] = set()
+    for sc in job.consents:
+        c = sc.consent
+        key = owner_keys.get(c.owner_id)
+        if key is None:
+            continue
+        sc.verify(key)
+        if (c.recipient, c.recipient_public_key) == (job.recipient, job.recipient_public_key) \
+                and c.reveal.covers(job.training is not None):
+            valid.add((c.owner_id, c.dataset_id))
+    missing = [f"{o!r} for data set {ds!r}" for ds, owners in upload_owners.items()
+               for o in sorted(set(owners)) if (o, ds) not in valid]
+    if missing:
+        what = "the selection and model" if job.training is not None else "the selection"
+        raise ConsentError(
+            f"no consent to reveal {what} to {job.recipient!r} from owner "
+            + "; ".join(missing)[:400]
+        )
+
+
 @dataclass(frozen=True)
 class JobContract:
     """One job, fully stated. Build with :meth:`planned` or :meth:`from_proto`."""
@@ -268,6 +400,8 @@ class JobContract:
     classes: int
     training: TrainParams | None = None
     peer_mpc_addresses: tuple[str, ...] = ()
+    consents: tuple[SignedConsent, ...] = ()
+    recipient: str = ""  # the recipient's subject
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -324,6 +458,9 @@ class JobContract:
             ],
             m=self.m, p=self.p, classes=self.classes, outputs=self.outputs,
             contract_version=CONTRACT_VERSION,
+            consents=[pb.OwnerConsent(statement=c.statement, signature=c.signature)
+                      for c in self.consents],
+            recipient=self.recipient,
         )
         if self.training is not None:
             t = self.training
@@ -368,6 +505,8 @@ class JobContract:
             frac_bits=desc.frac_bits, recipient_public_key=desc.recipient_public_key,
             mask_upload_id=desc.mask_upload_id, m=desc.m, p=desc.p, classes=desc.classes,
             training=training, peer_mpc_addresses=tuple(desc.peer_mpc_addresses),
+            consents=tuple(SignedConsent(c.statement, c.signature) for c in desc.consents),
+            recipient=desc.recipient,
         )
         if job.outputs != desc.outputs:
             raise ParameterError(
@@ -423,3 +562,101 @@ def open_result(
     if len(blob) % 8:
         raise ShareFormatError("a result part does not hold whole 64-bit words")
     return np.frombuffer(blob, dtype="<u8").astype(np.uint64)
+
+
+def training_body(t: TrainParams | None) -> dict[str, Any] | None:
+    """Step 2B's parameters as a JSON object (the inverse of training_from_body)."""
+    if t is None:
+        return None
+    return {"epochs": t.epochs, "batch_size": t.batch, "learning_rate": t.lr, "seed": t.seed,
+            "frac_bits": t.frac_bits, "sigmoid": t.sigmoid, "weight_bits": t.weight_bits}
+
+
+class ResultRejected(ShareFormatError):
+    """The recipient refuses a job's result (parts missing, repeated, forged or
+    disagreeing, or a gateway record that differs from what the parties signed)."""
+
+
+@dataclass(frozen=True)
+class ResultStatement:
+    """What one party states about its result part. Everything but ``party_index`` and
+    ``sealed_sha256`` must be the same in every party's statement."""
+
+    job_id: str
+    description_sha256: str
+    party_index: int
+    sealed_sha256: str
+    recipient: str
+    recipient_public_key: str  # base64
+    mask_upload_id: str
+    dataset_ids: tuple[str, ...]
+    m: int
+    p: int
+    k: int
+    columns: tuple[str, ...]
+    column_exponents: tuple[int, ...]
+    classes: tuple[str, ...]
+    frac_bits: int
+    outputs: int
+    training: Mapping[str, Any] | None
+
+    @classmethod
+    def for_job(cls, job: JobContract, sha256: str, party_index: int, sealed: bytes,
+                verified: Plan) -> ResultStatement:
+        """The statement of a party that verified the job's manifests into ``verified``."""
+        return cls(
+            job_id=job.job_id, description_sha256=sha256, party_index=party_index,
+            sealed_sha256=hashlib.sha256(sealed).hexdigest(), recipient=job.recipient,
+            recipient_public_key=_b64(job.recipient_public_key),
+            mask_upload_id=job.mask_upload_id, dataset_ids=job.dataset_ids, m=job.m, p=job.p,
+            k=job.k, columns=verified.columns, column_exponents=verified.column_exponents,
+            classes=verified.classes, frac_bits=job.frac_bits, outputs=job.outputs,
+            training=training_body(job.training),
+        )
+
+    def to_bytes(self) -> bytes:
+        d = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return _canonical({"purpose": RESULT_PURPOSE, **d})
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> ResultStatement:
+        try:
+            d = json.loads(blob)
+            if d.pop("purpose") != RESULT_PURPOSE:
+                raise ValueError
+            for f in ("dataset_ids", "columns", "column_exponents", "classes"):
+                d[f] = tuple(d[f])
+            return cls(**d)
+        except (ValueError, KeyError, TypeError):
+            raise ResultRejected("a result statement is malformed") from None
+
+    def decoding(self) -> dict[str, Any]:
+        """The fields every party must state alike."""
+        d = json.loads(self.to_bytes())
+        del d["party_index"], d["sealed_sha256"]
+        return dict(d)
+
+    def sign(self, signer: SigningKey) -> tuple[bytes, bytes]:
+        blob = self.to_bytes()
+        return blob, signer.sign(blob).signature
+
+
+def open_result_statement(
+    job_id: str, party_index: int, sealed: bytes, statement: bytes, signature: bytes,
+    party_key: bytes, party_name: str,
+) -> ResultStatement:
+    """A party's signed statement about its part, checked against the part."""
+    if not statement:
+        raise ResultRejected(f"{party_name}'s result part carries no signed statement")
+    try:
+        VerifyKey(party_key).verify(statement, signature)
+    except (BadSignatureError, ValueError):
+        raise ResultRejected(
+            f"{party_name}'s result statement is not signed by {party_name}'s certified key"
+        ) from None
+    st = ResultStatement.from_bytes(statement)
+    if (st.job_id, st.party_index) != (job_id, party_index):
+        raise ResultRejected(f"{party_name}'s result statement is for another job or party")
+    if st.sealed_sha256 != hashlib.sha256(sealed).hexdigest():
+        raise ResultRejected(f"{party_name}'s result statement names another sealed part")
+    return st

@@ -44,9 +44,16 @@ class Manifest:
     frac_bits: int
     part_sha256: tuple[str, ...]  # sealed part per party, in party order
     created_at: str
+    # A mask upload names the X25519 key of the recipient its words serve (base64),
+    # signed with the recipient's own key: a party uses the masks only for a job whose
+    # result is sealed to that key. Left out of the canonical form when empty.
+    recipient_public_key: str = ""
 
     def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        d = asdict(self)
+        if not self.recipient_public_key:
+            del d["recipient_public_key"]
+        return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> Manifest:
@@ -65,6 +72,7 @@ class Manifest:
                 frac_bits=int(d["frac_bits"]),
                 part_sha256=tuple(str(h) for h in d["part_sha256"]),
                 created_at=str(d["created_at"]),
+                recipient_public_key=str(d.get("recipient_public_key", "")),
             )
         except (ValueError, KeyError, TypeError):
             raise UploadRejected("upload manifest is malformed") from None

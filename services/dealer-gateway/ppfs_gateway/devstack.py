@@ -9,7 +9,8 @@ Layout of the state directory (private files mode 0600)::
     gateway/            gateway.json, tls/ (client key and certificate), state/ (registry)
     keys/<subject>.key  the principals' key files (signing and result keys)
     tokens.json         bearer tokens per principal
-    env/<subject>.env   PPFS_GATEWAY, PPFS_TOKEN and PPFS_KEY for `source`
+    env/<subject>.env   PPFS_GATEWAY, PPFS_TOKEN, PPFS_KEY and PPFS_DEPLOYMENT_CA (the
+                        development CA certificate: the clients' trust anchor) for `source`
     logs/               one log per process
 
 ``ppfs up`` supervises: a party that dies is reported (one line naming it) and started
@@ -119,7 +120,8 @@ def prepare(root: Path, parties: int) -> StackLayout:
     ca = load_ca(ca_dir)
     for i in range(parties):
         state = root / "parties" / f"p{i}-{PARTY_NAMES[i].lower()}"
-        if not (state / "certs" / "control.pem").exists():
+        # (a state made before party keys were certified gets its key statement now)
+        if not (state / "certs" / "party-keys.json").exists():
             open_state(PartySettings(state_dir=state, index=i))
             sign_party_requests(ca, state)
         layout.party_dirs.append(state)
@@ -272,7 +274,8 @@ class Stack:
                 lay.env_file(subject),
                 f"export PPFS_GATEWAY={self.url}\n"
                 f"export PPFS_TOKEN={lay.tokens[subject]}\n"
-                f"export PPFS_KEY={lay.key_file(subject).resolve()}\n",
+                f"export PPFS_KEY={lay.key_file(subject).resolve()}\n"
+                f"export PPFS_DEPLOYMENT_CA={(lay.root / 'ca' / 'ca.pem').resolve()}\n",
             )
 
     async def restart_party(self, party: PartyProcess) -> None:
@@ -413,6 +416,8 @@ def _demo_flow(stack: Stack, layout: StackLayout, args: argparse.Namespace, engi
     from ppfs_client.progress import JobProgressView
     from ppfs_client.sdk import GatewayClient, OwnerTable
 
+    from ppfs.contract import Reveal
+    from ppfs.keycert import TrustAnchor
     from ppfs.oracle import ms_gini_top_k
     from ppfs.synthetic import make_table
 
@@ -424,8 +429,11 @@ def _demo_flow(stack: Stack, layout: StackLayout, args: argparse.Namespace, engi
         else ("active-4pc" if engine == "mp-spdz" else "passive-4pc")
     )
 
+    # the demo made its own CA: its certificate is the trust anchor every client holds
+    trust = TrustAnchor.parse(str(layout.root / "ca" / "ca.pem"))
+
     def client(subject: str) -> GatewayClient:
-        return GatewayClient(stack.url, layout.tokens[subject])
+        return GatewayClient(stack.url, layout.tokens[subject], trust=trust)
 
     def keys(subject: str) -> ClientKeys:
         return ClientKeys.load(layout.key_file(subject))
@@ -453,6 +461,11 @@ def _demo_flow(stack: Stack, layout: StackLayout, args: argparse.Namespace, engi
         training = (
             {"epochs": epochs, "batch_size": 32, "learning_rate": 0.5} if epochs > 0 else None
         )
+        # each owner consents, with its own key, to what the analyst may learn; every
+        # party checks these consents itself before it runs the job
+        reveal = Reveal.MODEL if training else Reveal.SELECTION
+        for owner, c, d in (("owner-a", a, ds_a), ("owner-b", b, ds_b)):
+            c.consent(keys(owner), d["id"], "analyst", keys("analyst").box_public_key, reveal)
         job = analyst.submit(
             keys("analyst"), [ds_a["id"], ds_b["id"]], label=t.label_column, k=args.k,
             security=security, engine=engine, training=training,

@@ -14,6 +14,7 @@ consecutive jobs never share a port where a party offers more than one.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import time
@@ -28,6 +29,8 @@ from ppfs.contract import (
     JobState,
     PinnedDataset,
     PinnedUpload,
+    Reveal,
+    SignedConsent,
     description_sha256,
     plan,
     training_from_body,
@@ -52,6 +55,10 @@ from ppfs_gateway.registry import FINAL_STATES, JobRecord, PartyJobState, Regist
 from ppfs_gateway.uploads import UploadKeeper, check_path_id, new_id, visible_dataset
 
 log = logging.getLogger("ppfs.gateway")
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -158,14 +165,27 @@ def plan_job(
         found is None or mask is None or mask.kind != "mask" or mask.owner_id != who.subject
     ):
         raise NotFound(f"no mask upload {spec.mask_upload_id!r} of yours")
+    # The owners' consents for this recipient and key, as stored: the gateway relays them,
+    # every party verifies them (signature, owner, recipient, key, what is revealed).
+    training = training_from_body(spec.training)
+    consents = []
+    for ds in datasets:
+        owners = set(registry.upload_owners(ds.id))
+        for c in registry.consents(ds.id):
+            if (c.owner_id in owners and c.recipient == who.subject
+                    and c.recipient_key == _b64(spec.recipient_public_key)
+                    and Reveal(c.reveal).covers(training is not None)):
+                consents.append(SignedConsent(c.statement, c.signature))
+                owners.discard(c.owner_id)
     # ParameterError on a bad shape or parameters; D' is never opened in service mode
     job = JobContract(
         job_id=job_id, datasets=tuple(pinned), combination=combination,
         label_column=spec.label_column, k=spec.k, security=security, engine=spec.engine,
         frac_bits=planned.frac_bits, recipient_public_key=spec.recipient_public_key,
         mask_upload_id=spec.mask_upload_id, m=planned.m, p=planned.p,
-        classes=len(planned.classes), training=training_from_body(spec.training),
+        classes=len(planned.classes), training=training,
         peer_mpc_addresses=tuple(f"{i.mpc_host}:{mpc_port(i, sequence)}" for i in identities),
+        consents=tuple(consents), recipient=who.subject,
     )
     shape = job.shape
     if found is not None and found[2] != shape.outputs:

@@ -54,6 +54,17 @@ CREATE TABLE IF NOT EXISTS grants (
   subject TEXT NOT NULL,
   PRIMARY KEY (dataset_id, subject)
 );
+CREATE TABLE IF NOT EXISTS consents (
+  dataset_id TEXT NOT NULL REFERENCES datasets(id),
+  owner_id TEXT NOT NULL,
+  recipient TEXT NOT NULL,
+  recipient_key TEXT NOT NULL,
+  reveal TEXT NOT NULL,
+  statement BLOB NOT NULL,
+  signature BLOB NOT NULL,
+  created_at TEXT NOT NULL,
+  PRIMARY KEY (dataset_id, owner_id, recipient, recipient_key, reveal)
+);
 CREATE TABLE IF NOT EXISTS jobs (
   id TEXT PRIMARY KEY,
   submitter TEXT NOT NULL,
@@ -144,6 +155,17 @@ class DatasetRecord:
     created_at: str
     upload_ids: tuple[str, ...] = ()
     grants: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ConsentRecord:
+    dataset_id: str
+    owner_id: str
+    recipient: str
+    recipient_key: str  # base64 X25519
+    reveal: str
+    statement: bytes
+    signature: bytes
 
 
 @dataclass
@@ -389,6 +411,37 @@ class Registry:
                 "INSERT OR IGNORE INTO grants (dataset_id, subject) VALUES (?,?)",
                 (dataset_id, subject),
             )
+
+    def upload_owners(self, dataset_id: str) -> list[str]:
+        """The owners of a data set's uploads."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT owner_id FROM uploads WHERE dataset_id = ? ORDER BY owner_id",
+                (dataset_id,),
+            ).fetchall()
+            return [r[0] for r in rows]
+
+    # -- consents (signed by the owners; the parties verify them) -----------------
+
+    def add_consent(self, c: ConsentRecord) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO consents (dataset_id, owner_id, recipient,"
+                " recipient_key, reveal, statement, signature, created_at)"
+                " VALUES (?,?,?,?,?,?,?,?)",
+                (c.dataset_id, c.owner_id, c.recipient, c.recipient_key, c.reveal,
+                 c.statement, c.signature, now()),
+            )
+
+    def consents(self, dataset_id: str) -> list[ConsentRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM consents WHERE dataset_id = ? ORDER BY created_at",
+                (dataset_id,),
+            ).fetchall()
+            return [ConsentRecord(r["dataset_id"], r["owner_id"], r["recipient"],
+                                  r["recipient_key"], r["reveal"], bytes(r["statement"]),
+                                  bytes(r["signature"])) for r in rows]
 
     # -- jobs --------------------------------------------------------------------
 

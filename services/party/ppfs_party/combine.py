@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppfs.contract import DatasetSchema, JobContract, plan
+from ppfs.contract import DatasetSchema, JobContract, Plan, plan
 from ppfs.errors import ParameterError
 from ppfs.sharing import Scheme, ShareBundle
 from ppfs.step2a import Step2AShape
@@ -81,6 +81,13 @@ def pinned_uploads(store: ShareStore, job: JobContract, party_name: str
                    ) -> list[list[StoredUpload]]:
     """The job's uploads as held here, per data set in the job's order; PinnedInputsError
     naming every difference between what the job pins and what this party holds."""
+    return pinned_plan(store, job, party_name)[0]
+
+
+def pinned_plan(store: ShareStore, job: JobContract, party_name: str
+                ) -> tuple[list[list[StoredUpload]], Plan]:
+    """:func:`pinned_uploads` and the plan (columns, exponents, classes) of the
+    owner-signed manifests held here."""
     problems: list[str] = []
     found: list[list[StoredUpload]] = []
     for ds in job.datasets:
@@ -124,7 +131,7 @@ def pinned_uploads(store: ShareStore, job: JobContract, party_name: str
             f"{got.frac_bits} fractional bits; the job says m={job.m}, p={job.p}, "
             f"{job.classes} classes, {job.frac_bits}"
         )
-    return found
+    return found, got
 
 
 def assemble(store: ShareStore, job: JobContract, party: int, party_name: str,

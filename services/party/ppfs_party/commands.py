@@ -4,6 +4,7 @@
     ppfs party init --state-dir S --index I          # keys + certificate requests
     ppfs pki sign  --ca-dir CA --state-dir S         # CA signs the party's requests
     ppfs pki client --ca-dir CA --name gateway --out DIR   # a control-plane client
+    ppfs pki fingerprint --ca-dir CA                 # the clients' trust anchor
     ppfs party add-owner --state-dir S --owner-id ID --public-key HEX
     ppfs party serve --state-dir S --index I --listen HOST:PORT --mpc-port P ...
 """
@@ -83,6 +84,12 @@ def add_commands(subparsers: Any) -> None:
     client.add_argument("--name", default="gateway")
     client.add_argument("--out", type=Path, required=True)
     client.set_defaults(func=_pki_client)
+    fpr = ksub.add_parser(
+        "fingerprint",
+        help="the CA certificate's SHA-256: give it to clients (--deployment-ca)",
+    )
+    fpr.add_argument("--ca-dir", type=Path, required=True)
+    fpr.set_defaults(func=_pki_fingerprint)
 
 
 def _state_args(p: argparse.ArgumentParser) -> None:
@@ -149,6 +156,16 @@ def _pki_init(args: argparse.Namespace) -> int:
 def _pki_sign(args: argparse.Namespace) -> int:
     for name in sign_party_requests(load_ca(args.ca_dir), args.state_dir):
         print(f"signed {name}")
+    return 0
+
+
+def _pki_fingerprint(args: argparse.Namespace) -> int:
+    from cryptography import x509
+
+    from ppfs.keycert import ca_fingerprint
+
+    cert = x509.load_pem_x509_certificate((args.ca_dir / "ca.pem").read_bytes())
+    print(ca_fingerprint(cert))
     return 0
 
 

@@ -3,11 +3,15 @@ run at a time, with durable records.
 
 A job moves queued -> running -> succeeded | failed | cancelled (ppfs.contract.JobState).
 StartJob only checks: the description's hash, the contract (ppfs.contract.JobContract),
-this party's part in it (engine, index, its assigned MPC port) and the pinned uploads
-(ppfs_party.combine.pinned_uploads); it then records the job (queued, durably) and
-answers at once. Assembling the inputs and compiling the program are the job's first
-phases, reported as progress; a compile that finishes after the job was cancelled still
-lands in the engine's cache for the next job of the same program.
+this party's part in it (engine, index, its assigned MPC port), the pinned uploads
+(ppfs_party.combine.pinned_uploads) and the owners' consents (ppfs.contract.check_consents:
+every owner of a pinned upload signed, with its key registered here, a consent naming
+the job's recipient and key and what the job reveals; the mask upload was signed by
+that recipient for that key). The gateway's own checks are not relied on. It then
+records the job (queued, durably) and answers at once. Assembling the inputs and
+compiling the program are the job's first phases, reported as progress; a compile
+that finishes after the job was cancelled still lands in the engine's cache for the
+next job of the same program.
 
 Its record is a JSON file ``<state>/jobs/<job_id>.json`` written atomically at every
 change; on start a job found queued or running is marked failed (kind "restarted"),
@@ -29,6 +33,7 @@ written to the audit log.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime as dt
 import json
@@ -39,7 +44,16 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ppfs.contract import FailureKind, JobContract, JobState, description_sha256, failure_kind
+from ppfs.contract import (
+    FailureKind,
+    JobContract,
+    JobState,
+    Plan,
+    ResultStatement,
+    check_consents,
+    description_sha256,
+    failure_kind,
+)
 from ppfs.contract import seal_result as seal_result_part
 from ppfs.durable import write_durable
 from ppfs.engines.base import Engine, PartyRunResult, PartyRunSpec, PartyTls
@@ -47,7 +61,7 @@ from ppfs.errors import EngineUnavailableError, ParameterError, PpfsError
 from ppfs.step2a import Security, Step2AShape
 from ppfs.v1 import party_pb2
 from ppfs_party.audit import AuditLog
-from ppfs_party.combine import assemble, pinned_uploads
+from ppfs_party.combine import assemble, pinned_plan
 from ppfs_party.config import PartySettings
 from ppfs_party.errors import (
     DescriptionMismatchError,
@@ -93,6 +107,8 @@ class JobRecord:
     mask_upload_id: str = ""
     failure: str = ""  # ppfs.contract.FailureKind value when failed or cancelled
     mpc_port: int = 0
+    # columns, column_exponents, classes as verified from the owner-signed manifests
+    verified: dict[str, list[object]] = field(default_factory=dict)
     created_at: str = ""
     updated_at: str = ""
 
@@ -210,7 +226,9 @@ class JobRunner:
         except Exception as exc:
             self.audit.record(
                 "job.refused", job_id=desc.job_id[:128], description_sha256=sha256[:64],
-                reason=to_status(exc)[1],
+                reason=to_status(exc)[1], failure=FailureKind.REFUSED.value,
+                recipient=desc.recipient[:128],
+                recipient_key=fingerprint(desc.recipient_public_key),
             )
             raise
         self.audit.record(
@@ -219,7 +237,9 @@ class JobRunner:
             combination=job.combination.value, mask_upload_id=job.mask_upload_id,
             label_column=job.label_column, k=job.k, frac_bits=job.frac_bits,
             shape=rec.shape, description_sha256=sha256, mpc_port=rec.mpc_port,
-            recipient_key=fingerprint(job.recipient_public_key),
+            recipient=job.recipient, recipient_key=fingerprint(job.recipient_public_key),
+            consents=[(c.consent.owner_id, c.consent.dataset_id, c.consent.reveal.value)
+                      for c in job.consents],
             peers=list(job.peer_mpc_addresses),
         )
         log.info("[Party.StartJob] job=%s queued", job.job_id)
@@ -258,10 +278,18 @@ class JobRunner:
             raise ParameterError(
                 f"{self.settings.name}'s MPC ports are {base}..{base + count - 1}, not {port}"
             )
-        pinned_uploads(self.store, job, self.settings.name)  # names every difference
+        # names every difference between the pinned and the held uploads
+        found, verified = pinned_plan(self.store, job, self.settings.name)
         mask = self.store.upload(job.mask_upload_id)
         if mask.kinds != frozenset({"mask"}):
             raise ParameterError("the mask upload holds no mask words")
+        check_consents(
+            job,
+            {ds.dataset_id: [u.manifest.owner_id for u in ups]
+             for ds, ups in zip(job.datasets, found, strict=True)},
+            self.store.owners(), mask.manifest.owner_id,
+            base64.b64decode(mask.manifest.recipient_public_key),
+        )
         # Two openings under one mask would reveal the difference of two results.
         if any(r.mask_upload_id == job.mask_upload_id for r in self._records.values()):
             raise JobConflictError("the mask upload was used by another job: upload new masks")
@@ -272,6 +300,9 @@ class JobRunner:
             created_at=_now(), mask_upload_id=job.mask_upload_id, mpc_port=port,
             shape={"m": shape.m, "p": shape.p, "n_classes": shape.n_classes, "k": shape.k,
                    "value_bits": shape.value_bits},
+            verified={"columns": list(verified.columns),
+                      "column_exponents": list(verified.column_exponents),
+                      "classes": list(verified.classes)},
         )
         self._records[job_id] = rec
         self._save(rec)
@@ -417,19 +448,32 @@ class JobRunner:
             await self.cancel(job_id, reason="party stopped")
 
     # -------------------------------------------------------------- results
-    def result_part(self, job_id: str) -> tuple[bytes, bytes]:
-        """(sealed opened words, Ed25519 signature over job_id || sealed)."""
+    def result_part(self, job_id: str) -> tuple[bytes, bytes, bytes, bytes]:
+        """(sealed opened words, Ed25519 signature over job_id || sealed, this party's
+        result statement (ppfs.contract.ResultStatement), its signature)."""
         rec = self.get(job_id)
         if rec.state != SUCCEEDED:
             raise JobConflictError(f"job {job_id!r} has no result ({rec.state})")
+        if not rec.verified:
+            raise JobConflictError(f"job {job_id!r} predates signed result statements")
         words = (self.jobs_dir / job_id / "opened.u64").read_bytes()
-        recipient = rec.description().recipient_public_key
+        job = JobContract.from_proto(rec.description())
+        recipient = job.recipient_public_key
         sealed, signature = seal_result_part(
             job_id, np.frombuffer(words, dtype="<u8"), recipient, self.keys.signing)
+        v = rec.verified
+        verified = Plan(
+            m=job.m, p=job.p, columns=tuple(str(c) for c in v["columns"]),
+            column_exponents=tuple(int(str(e)) for e in v["column_exponents"]),
+            classes=tuple(str(c) for c in v["classes"]), frac_bits=job.frac_bits,
+            labelled=())
+        statement, statement_sig = ResultStatement.for_job(
+            job, rec.description_sha256, self.settings.index, sealed, verified,
+        ).sign(self.keys.signing)
         self.audit.record(
             "result.released", job_id=job_id,
             what=f"masked outputs, {len(words) // 8} words",
             recipient_key=fingerprint(recipient),
         )
-        return sealed, signature
+        return sealed, signature, statement, statement_sig
 

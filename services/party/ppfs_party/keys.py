@@ -8,13 +8,19 @@ Private keys (mode 0600) never leave ``<state>/keys``:
 - ``mpc-<engine>.key``  engine TLS towards the other parties, one per engine
   (MP-SPDZ checks peers by the name ``P<i>``, MPyC by ``MPyC party <i>``)
 
-For each TLS key the party writes a certificate request to ``<state>/csr``. The
-deployment CA signs them (:func:`sign_party_requests`, ``ppfs pki sign``) and writes
-the certificates and its own to ``<state>/certs``: only public material crosses.
+For each TLS key the party writes a certificate request to ``<state>/csr``, and its
+public box and signing keys (with its index and name) to ``<state>/csr/party-keys.json``.
+The deployment CA signs them (:func:`sign_party_requests`, ``ppfs pki sign``) and writes
+the certificates, the key statement (``certs/party-keys.json`` and ``.sig``,
+ppfs.keycert) and its own certificate to ``<state>/certs``: only public material
+crosses. Clients refuse a party's keys without a key statement from their trust anchor.
 """
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +31,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
-from ppfs.engines.base import Engine
+from ppfs.engines.base import PARTY_NAMES, Engine
+from ppfs.keycert import certify_party_keys
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs_party.errors import NotReadyError
 
 CONTROL = "control"
+KEY_REQUEST = "party-keys.json"
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -97,6 +105,14 @@ class PartyKeys:
         p = self.cert_path(name)
         return p.read_bytes() if p.is_file() else b""
 
+    def key_statement(self) -> tuple[bytes, bytes]:
+        """(statement, CA signature) certifying this party's box and signing keys, or
+        empty when the CA has not signed them yet."""
+        st, sig = self.certs_dir / KEY_REQUEST, self.certs_dir / "party-keys.sig"
+        if not (st.is_file() and sig.is_file()):
+            return b"", b""
+        return st.read_bytes(), sig.read_bytes()
+
 
 def load_or_create(
     state_dir: Path, index: int, control_name: str, engines: dict[str, Engine]
@@ -111,6 +127,12 @@ def load_or_create(
         _write_private(box_path, bytes(PrivateKey.generate()))
     if not sign_path.is_file():
         _write_private(sign_path, bytes(SigningKey.generate()))
+    box, signing = PrivateKey(box_path.read_bytes()), SigningKey(sign_path.read_bytes())
+    (csr_dir / KEY_REQUEST).write_text(json.dumps({
+        "index": index, "name": PARTY_NAMES[index],
+        "box_public_key": base64.b64encode(bytes(box.public_key)).decode(),
+        "signing_public_key": base64.b64encode(bytes(signing.verify_key)).decode(),
+    }, indent=1))
     requests = {CONTROL: control_name}
     for name, engine in engines.items():
         requests[_mpc(name)] = engine.mpc_subject(index)[0]
@@ -118,9 +140,7 @@ def load_or_create(
         if not (keys / f"{name}.key").is_file():
             csr = party_key_and_csr(keys / f"{name}.key", cn)
             (csr_dir / f"{name}.csr").write_bytes(csr.public_bytes(serialization.Encoding.PEM))
-    return PartyKeys(
-        state_dir, PrivateKey(box_path.read_bytes()), SigningKey(sign_path.read_bytes())
-    )
+    return PartyKeys(state_dir, box, signing)
 
 
 def pending_requests(state_dir: Path) -> list[CertRequest]:
@@ -139,6 +159,25 @@ def sign_party_requests(ca: CertificateAuthority, state_dir: Path) -> list[str]:
         csr = x509.load_pem_x509_csr((state_dir / "csr" / f"{req.name}.csr").read_bytes())
         write_cert(state_dir / "certs" / f"{req.name}.pem", ca.issue(csr, dns_san=req.dns_san))
         done.append(req.name)
+    keys_req = state_dir / "csr" / KEY_REQUEST
+    if keys_req.is_file():
+        try:
+            d = json.loads(keys_req.read_text())
+            index, name = int(d["index"]), str(d["name"])
+            box, signing = (base64.b64decode(d[k]) for k in
+                            ("box_public_key", "signing_public_key"))
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{keys_req}: not a party key request") from None
+        if name != PARTY_NAMES[index] or len(box) != 32 or len(signing) != 32:
+            raise ValueError(f"{keys_req}: inconsistent party key request")
+        validity = ca.cert.not_valid_after_utc - dt.datetime.now(dt.UTC)
+        statement, signature = certify_party_keys(
+            ca.key, ca.cert, index, name, box, signing,
+            validity=min(validity, dt.timedelta(days=365)))
+        (state_dir / "certs").mkdir(parents=True, exist_ok=True)
+        (state_dir / "certs" / KEY_REQUEST).write_bytes(statement)
+        (state_dir / "certs" / "party-keys.sig").write_bytes(signature)
+        done.append("party-keys")
     write_cert(state_dir / "certs" / "ca.pem", ca.cert)
     return done
 

@@ -167,8 +167,9 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
     async def FetchResultPart(self, request: party_pb2.FetchResultPartRequest,
                               context: grpc.aio.ServicerContext[Any, Any]
                               ) -> party_pb2.SealedResultPart:
-        sealed, signature = self.state.jobs.result_part(request.job_id)
+        sealed, signature, statement, statement_sig = self.state.jobs.result_part(
+            request.job_id)
         return party_pb2.SealedResultPart(
             job_id=request.job_id, party_index=self.state.settings.index, sealed=sealed,
-            signature=signature,
+            signature=signature, statement=statement, statement_signature=statement_sig,
         )

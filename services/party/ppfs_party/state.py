@@ -31,6 +31,7 @@ class PartyState:
     def identity(self) -> party_pb2.PartyIdentity:
         s = self.settings
         mpc = b"".join(self.keys.public_pem(f"mpc-{name}") for name in self.engines)
+        statement, signature = self.keys.key_statement()
         return party_pb2.PartyIdentity(
             index=s.index, name=s.name,
             box_public_key=bytes(self.keys.box.public_key),
@@ -38,7 +39,8 @@ class PartyState:
             tls_certificate_pem=self.keys.public_pem(CONTROL),
             mpc_certificate_pem=mpc,
             engines=list(self.engines), mpc_host=s.mpc_host, mpc_port_base=s.mpc_port_base,
-            mpc_port_count=s.mpc_port_count,
+            mpc_port_count=s.mpc_port_count, key_statement=statement,
+            key_statement_signature=signature, deployment_ca_pem=self.keys.public_pem("ca"),
         )
 
     def dataset_info(self, dataset_id: str) -> party_pb2.DatasetInfo:

@@ -11,6 +11,7 @@ and what a data owner and a result recipient do on their side.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import hashlib
 import socket
@@ -27,10 +28,13 @@ from nacl.signing import SigningKey, VerifyKey
 
 from ppfs.contract import (
     Combination,
+    Consent,
     DatasetSchema,
     JobContract,
     PinnedDataset,
     PinnedUpload,
+    Reveal,
+    SignedConsent,
     description_sha256,
     plan,
 )
@@ -64,8 +68,12 @@ CHANNEL_OPTIONS = [
 
 @dataclass
 class Owner:
+    """A registered principal: a data owner, or a result recipient (``box`` opens the
+    results sealed to it; its mask uploads name that key)."""
+
     owner_id: str
     key: SigningKey
+    box: PrivateKey = field(default_factory=PrivateKey.generate)
 
 
 def free_port_ranges(parties: int, count: int) -> list[int]:
@@ -197,16 +205,18 @@ class SealedUpload:
     dataset_id: str
     upload_id: str
     owner_id: str
+    owner_key: SigningKey | None = None  # the owner side's key: signs its consents
 
 
 def seal_bundles(
     owner: Owner, box_keys: Sequence[bytes], per_party: Sequence[Sequence[ShareBundle]], *,
     dataset_id: str, upload_id: str, rows: int, columns: Sequence[str] = (),
     exponents: Sequence[int] = (), label_column: str = "", classes: Sequence[str] = (),
-    frac_bits: int = 16,
+    frac_bits: int = 16, recipient_public_key: bytes = b"",
 ) -> SealedUpload:
     scheme = Scheme.for_parties(len(box_keys))
     parts = [seal(pack_bundles(b), k) for b, k in zip(per_party, box_keys, strict=True)]
+
     manifest = Manifest(
         dataset_id=dataset_id, upload_id=upload_id, owner_id=owner.owner_id,
         scheme=scheme.value, rows=rows, columns=tuple(columns),
@@ -214,9 +224,10 @@ def seal_bundles(
         classes=tuple(classes), frac_bits=frac_bits,
         part_sha256=tuple(hashlib.sha256(p).hexdigest() for p in parts),
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        recipient_public_key=base64.b64encode(recipient_public_key).decode(),
     )
     return SealedUpload(manifest.to_bytes(), sign_manifest(manifest, owner.key), parts,
-                        dataset_id, upload_id, owner.owner_id)
+                        dataset_id, upload_id, owner.owner_id, owner.key)
 
 
 def data_upload(
@@ -241,24 +252,31 @@ def data_upload(
 
 def mask_upload(
     recipient: Owner, box_keys: Sequence[bytes], words: np.ndarray, *, dataset_id: str,
-    upload_id: str,
+    upload_id: str, recipient_public_key: bytes | None = None,
 ) -> SealedUpload:
-    """The result recipient's mask words, shared and sealed like any data."""
+    """The result recipient's mask words, shared and sealed like any data; the signed
+    manifest names the recipient's box key (default: ``recipient.box``)."""
     scheme = Scheme.for_parties(len(box_keys))
     bundles = bundles_for_all(words, scheme, dataset_id=dataset_id, kind="mask",
                               frac_bits=0)
     return seal_bundles(recipient, box_keys, [[b] for b in bundles], dataset_id=dataset_id,
                         upload_id=upload_id, rows=words.shape[0], columns=("w0", "w1"),
-                        exponents=(0, 0))
+                        exponents=(0, 0),
+                        recipient_public_key=(bytes(recipient.box.public_key)
+                                              if recipient_public_key is None
+                                              else recipient_public_key))
 
 
 def describe_job(
     job_id: str, datasets: Sequence[Sequence[SealedUpload]], *, mask: SealedUpload,
     k: int, security: str, engine: str, recipient_public_key: bytes, peers: Sequence[str],
     combination: str = "horizontal", train: TrainParams | None = None,
+    consents: Sequence[SignedConsent] | None = None, recipient: str | None = None,
 ) -> party_pb2.JobDescription:
     """The description a gateway would send: each data set pinned to exactly these
-    uploads (in this order), planned from their manifests (ppfs.contract.plan)."""
+    uploads (in this order), planned from their manifests (ppfs.contract.plan). The
+    recipient is the mask's owner; without ``consents`` every owner of an upload
+    consents to what the job reveals to it."""
     pinned, schemas = [], []
     for ups in datasets:
         mans = [Manifest.from_bytes(u.manifest) for u in ups]
@@ -271,12 +289,21 @@ def describe_job(
     comb = Combination(combination)
     label = next(s.label_column for s in schemas if s.label_column)
     planned = plan(schemas, comb, label)
+    recipient = mask.owner_id if recipient is None else recipient
+    if consents is None:
+        reveal = Reveal.MODEL if train is not None else Reveal.SELECTION
+        consents = [
+            Consent(u.owner_id, Manifest.from_bytes(u.manifest).dataset_id, recipient,
+                    recipient_public_key, reveal).sign(u.owner_key)
+            for ups in datasets for u in ups if u.owner_key is not None
+        ]
     return JobContract(
         job_id=job_id, datasets=tuple(pinned), combination=comb, label_column=label, k=k,
         security=Security(security), engine=engine,
         frac_bits=planned.frac_bits, recipient_public_key=recipient_public_key,
         mask_upload_id=mask.upload_id, m=planned.m, p=planned.p, classes=len(planned.classes),
-        training=train, peer_mpc_addresses=tuple(peers),
+        training=train, peer_mpc_addresses=tuple(peers), consents=tuple(consents),
+        recipient=recipient,
     ).to_proto()
 
 

@@ -68,7 +68,7 @@ class GetIdentityRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PartyIdentity(_message.Message):
-    __slots__ = ("index", "name", "box_public_key", "signing_public_key", "tls_certificate_pem", "mpc_certificate_pem", "engines", "mpc_host", "mpc_port_base", "mpc_port_count")
+    __slots__ = ("index", "name", "box_public_key", "signing_public_key", "tls_certificate_pem", "mpc_certificate_pem", "engines", "mpc_host", "mpc_port_base", "mpc_port_count", "key_statement", "key_statement_signature", "deployment_ca_pem")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     BOX_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,9 @@ class PartyIdentity(_message.Message):
     MPC_HOST_FIELD_NUMBER: _ClassVar[int]
     MPC_PORT_BASE_FIELD_NUMBER: _ClassVar[int]
     MPC_PORT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    KEY_STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    KEY_STATEMENT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_CA_PEM_FIELD_NUMBER: _ClassVar[int]
     index: int
     name: str
     box_public_key: bytes
@@ -89,7 +92,10 @@ class PartyIdentity(_message.Message):
     mpc_host: str
     mpc_port_base: int
     mpc_port_count: int
-    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., box_public_key: _Optional[bytes] = ..., signing_public_key: _Optional[bytes] = ..., tls_certificate_pem: _Optional[bytes] = ..., mpc_certificate_pem: _Optional[bytes] = ..., engines: _Optional[_Iterable[str]] = ..., mpc_host: _Optional[str] = ..., mpc_port_base: _Optional[int] = ..., mpc_port_count: _Optional[int] = ...) -> None: ...
+    key_statement: bytes
+    key_statement_signature: bytes
+    deployment_ca_pem: bytes
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., box_public_key: _Optional[bytes] = ..., signing_public_key: _Optional[bytes] = ..., tls_certificate_pem: _Optional[bytes] = ..., mpc_certificate_pem: _Optional[bytes] = ..., engines: _Optional[_Iterable[str]] = ..., mpc_host: _Optional[str] = ..., mpc_port_base: _Optional[int] = ..., mpc_port_count: _Optional[int] = ..., key_statement: _Optional[bytes] = ..., key_statement_signature: _Optional[bytes] = ..., deployment_ca_pem: _Optional[bytes] = ...) -> None: ...
 
 class UploadPartHeader(_message.Message):
     __slots__ = ("dataset_id", "upload_id", "owner_id", "manifest", "manifest_signature", "sealed_size", "staged")
@@ -232,7 +238,7 @@ class TrainingParameters(_message.Message):
     def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., seed: _Optional[int] = ..., frac_bits: _Optional[int] = ..., sigmoid: _Optional[str] = ..., weight_bits: _Optional[int] = ...) -> None: ...
 
 class JobDescription(_message.Message):
-    __slots__ = ("job_id", "dataset_ids", "combination", "label_column", "k", "security", "engine", "frac_bits", "training", "recipient_public_key", "mask_upload_id", "peer_mpc_addresses", "datasets", "m", "p", "classes", "outputs", "contract_version")
+    __slots__ = ("job_id", "dataset_ids", "combination", "label_column", "k", "security", "engine", "frac_bits", "training", "recipient_public_key", "mask_upload_id", "peer_mpc_addresses", "datasets", "m", "p", "classes", "outputs", "contract_version", "consents", "recipient")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_IDS_FIELD_NUMBER: _ClassVar[int]
     COMBINATION_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +257,8 @@ class JobDescription(_message.Message):
     CLASSES_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     CONTRACT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONSENTS_FIELD_NUMBER: _ClassVar[int]
+    RECIPIENT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     dataset_ids: _containers.RepeatedScalarFieldContainer[str]
     combination: Combination
@@ -269,7 +277,17 @@ class JobDescription(_message.Message):
     classes: int
     outputs: int
     contract_version: int
-    def __init__(self, job_id: _Optional[str] = ..., dataset_ids: _Optional[_Iterable[str]] = ..., combination: _Optional[_Union[Combination, str]] = ..., label_column: _Optional[str] = ..., k: _Optional[int] = ..., security: _Optional[str] = ..., engine: _Optional[str] = ..., frac_bits: _Optional[int] = ..., training: _Optional[_Union[TrainingParameters, _Mapping]] = ..., recipient_public_key: _Optional[bytes] = ..., mask_upload_id: _Optional[str] = ..., peer_mpc_addresses: _Optional[_Iterable[str]] = ..., datasets: _Optional[_Iterable[_Union[PinnedDataset, _Mapping]]] = ..., m: _Optional[int] = ..., p: _Optional[int] = ..., classes: _Optional[int] = ..., outputs: _Optional[int] = ..., contract_version: _Optional[int] = ...) -> None: ...
+    consents: _containers.RepeatedCompositeFieldContainer[OwnerConsent]
+    recipient: str
+    def __init__(self, job_id: _Optional[str] = ..., dataset_ids: _Optional[_Iterable[str]] = ..., combination: _Optional[_Union[Combination, str]] = ..., label_column: _Optional[str] = ..., k: _Optional[int] = ..., security: _Optional[str] = ..., engine: _Optional[str] = ..., frac_bits: _Optional[int] = ..., training: _Optional[_Union[TrainingParameters, _Mapping]] = ..., recipient_public_key: _Optional[bytes] = ..., mask_upload_id: _Optional[str] = ..., peer_mpc_addresses: _Optional[_Iterable[str]] = ..., datasets: _Optional[_Iterable[_Union[PinnedDataset, _Mapping]]] = ..., m: _Optional[int] = ..., p: _Optional[int] = ..., classes: _Optional[int] = ..., outputs: _Optional[int] = ..., contract_version: _Optional[int] = ..., consents: _Optional[_Iterable[_Union[OwnerConsent, _Mapping]]] = ..., recipient: _Optional[str] = ...) -> None: ...
+
+class OwnerConsent(_message.Message):
+    __slots__ = ("statement", "signature")
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    statement: bytes
+    signature: bytes
+    def __init__(self, statement: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class StartJobRequest(_message.Message):
     __slots__ = ("job", "description_sha256")
@@ -350,13 +368,17 @@ class FetchResultPartRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class SealedResultPart(_message.Message):
-    __slots__ = ("job_id", "party_index", "sealed", "signature")
+    __slots__ = ("job_id", "party_index", "sealed", "signature", "statement", "statement_signature")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PARTY_INDEX_FIELD_NUMBER: _ClassVar[int]
     SEALED_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    STATEMENT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     party_index: int
     sealed: bytes
     signature: bytes
-    def __init__(self, job_id: _Optional[str] = ..., party_index: _Optional[int] = ..., sealed: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    statement: bytes
+    statement_signature: bytes
+    def __init__(self, job_id: _Optional[str] = ..., party_index: _Optional[int] = ..., sealed: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., statement: _Optional[bytes] = ..., statement_signature: _Optional[bytes] = ...) -> None: ...

@@ -56,6 +56,12 @@ class PartyOut(BaseModel):
     signing_public_key: str = Field(description="Ed25519, base64: signs result parts")
     mpc_address: str
     engines: list[str]
+    key_statement: str = Field(
+        description="the deployment CA's statement of this party's keys (ppfs.keycert), base64"
+    )
+    key_statement_signature: str = Field(
+        description="ECDSA P-256 / SHA-256 by the deployment CA over key_statement, base64"
+    )
 
 
 class FixedPointOut(BaseModel):
@@ -69,6 +75,10 @@ class DeploymentOut(BaseModel):
     scheme: str
     securities: list[str]
     fixed_point: FixedPointOut
+    deployment_ca_pem: str = Field(
+        description="the deployment CA certificate as the parties hold it; clients trust it "
+        "only when its SHA-256 is the fingerprint they were given out of band"
+    )
 
 
 class DatasetCreate(Strict):
@@ -153,6 +163,19 @@ class GrantOut(BaseModel):
     subject: str
 
 
+class ConsentCreate(Strict):
+    statement: Base64 = Field(description="canonical JSON consent (ppfs.contract.Consent)")
+    signature: Base64 = Field(description="Ed25519 by the owner over the statement")
+
+
+class ConsentOut(BaseModel):
+    dataset_id: str
+    owner_id: str
+    recipient: str
+    recipient_public_key: str = Field(description="X25519, base64")
+    reveal: Literal["selection", "selection+model"]
+
+
 class TrainingIn(Strict):
     epochs: int = Field(ge=1, le=10_000)
     batch_size: int = Field(ge=1, le=1 << 20)
@@ -234,6 +257,10 @@ class ResultPartOut(BaseModel):
     party_index: int
     sealed: str = Field(description="sealed box to the recipient, base64")
     signature: str = Field(description="Ed25519 by the party over job_id || sealed, base64")
+    statement: str = Field(
+        description="the party's result statement (ppfs.contract.ResultStatement), base64"
+    )
+    statement_signature: str = Field(description="Ed25519 by the party over statement")
 
 
 class ResultOut(BaseModel):

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import base64
 from typing import Literal
 
 from fastapi import APIRouter, status
 
+from ppfs.contract import Consent, ConsentError
 from ppfs_gateway.api.deps import (
     JobsDep,
     PartiesDep,
@@ -12,6 +14,8 @@ from ppfs_gateway.api.deps import (
     ResourcesDep,
 )
 from ppfs_gateway.api.schemas import (
+    ConsentCreate,
+    ConsentOut,
     DatasetCheckOut,
     DatasetCreate,
     DatasetOut,
@@ -25,8 +29,8 @@ from ppfs_gateway.api.schemas import (
     b64decode,
 )
 from ppfs_gateway.core.config import Role
-from ppfs_gateway.errors import InvalidRequest
-from ppfs_gateway.registry import DatasetRecord
+from ppfs_gateway.errors import Forbidden, InvalidRequest
+from ppfs_gateway.registry import ConsentRecord, DatasetRecord
 from ppfs_gateway.uploads import (
     DatasetCheck,
     UploadPart,
@@ -184,3 +188,52 @@ async def repair_upload(
         b64decode(body.part, "part"),
     )
     return check_out(check)
+
+
+def consent_out(c: ConsentRecord) -> ConsentOut:
+    return ConsentOut(dataset_id=c.dataset_id, owner_id=c.owner_id, recipient=c.recipient,
+                      recipient_public_key=c.recipient_key,
+                      reveal=c.reveal)  # type: ignore[arg-type]
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/consents",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ConsentOut,
+)
+def post_consent(
+    dataset_id: str, body: ConsentCreate, who: PrincipalDep, registry: RegistryDep
+) -> ConsentOut:
+    """Data owners: store a consent signed with your key (``ppfs datasets consent``): jobs
+    on this data set may reveal the selection (and the model) to the named recipient and
+    key. The gateway only stores and relays it; every party verifies the signature against
+    the owner key registered with it before it runs a job on your uploads."""
+    ds = visible_dataset(registry, dataset_id, who)
+    if ds.kind != "data":
+        raise InvalidRequest("consents are given for data sets")
+    statement = b64decode(body.statement, "statement")
+    signature = b64decode(body.signature, "signature")
+    if len(signature) != 64:
+        raise InvalidRequest("signature must be a 64-byte Ed25519 signature")
+    try:
+        c = Consent.from_bytes(statement)
+    except ConsentError as exc:
+        raise InvalidRequest(str(exc)) from None
+    if c.owner_id != who.subject:
+        raise Forbidden("a consent is given by its owner only")
+    if c.dataset_id != ds.id:
+        raise InvalidRequest("the consent names another data set")
+    if who.subject != ds.owner_id and who.subject not in registry.upload_owners(ds.id):
+        raise Forbidden("only an owner of the data set's uploads gives consents for it")
+    rec = ConsentRecord(ds.id, c.owner_id, c.recipient,
+                        base64.b64encode(c.recipient_public_key).decode(), c.reveal.value,
+                        statement, signature)
+    registry.add_consent(rec)
+    return consent_out(rec)
+
+
+@router.get("/v1/datasets/{dataset_id}/consents", response_model=list[ConsentOut])
+def list_consents(dataset_id: str, who: PrincipalDep, registry: RegistryDep) -> list[ConsentOut]:
+    """The consents stored for a data set (what the owners agreed to, public)."""
+    ds = visible_dataset(registry, dataset_id, who)
+    return [consent_out(c) for c in registry.consents(ds.id)]

@@ -12,8 +12,9 @@ router = APIRouter(tags=["deployment"])
 
 @router.get("/v1/deployment", response_model=DeploymentOut)
 async def get_deployment(_who: PrincipalDep, parties: PartiesDep) -> DeploymentOut:
-    """The parties' public identities (from their GetIdentity), the sharing scheme and the
-    fixed-point parameters a client encodes with."""
+    """The parties' public identities (from their GetIdentity) with the deployment CA's
+    statements of their keys, the sharing scheme and the fixed-point parameters a client
+    encodes with. Clients check every key statement against their own trust anchor."""
     ids = await parties.identities()
     fp = FixedPoint()
     n = len(ids)
@@ -26,6 +27,8 @@ async def get_deployment(_who: PrincipalDep, parties: PartiesDep) -> DeploymentO
                 signing_public_key=b64encode(i.signing_public_key),
                 mpc_address=f"{i.mpc_host}:{i.mpc_port_base}",
                 engines=list(i.engines),
+                key_statement=b64encode(i.key_statement),
+                key_statement_signature=b64encode(i.key_statement_signature),
             )
             for i in ids
         ],
@@ -34,4 +37,6 @@ async def get_deployment(_who: PrincipalDep, parties: PartiesDep) -> DeploymentO
         fixed_point=FixedPointOut(
             frac_bits=fp.frac_bits, value_bits=fp.value_bits, target_bits=fp.target_bits
         ),
+        deployment_ca_pem=next((i.deployment_ca_pem.decode("ascii", "replace") for i in ids
+                                if i.deployment_ca_pem), ""),
     )

@@ -171,6 +171,8 @@ async def get_result(job_id: str, who: PrincipalDep, jobs: JobsDep) -> ResultOut
                 party_index=p.party_index,
                 sealed=b64encode(p.sealed),
                 signature=b64encode(p.signature),
+                statement=b64encode(p.statement),
+                statement_signature=b64encode(p.statement_signature),
             )
             for p in parts
         ],

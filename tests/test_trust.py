@@ -1,0 +1,497 @@
+"""An untrusted gateway cannot read, steer or relabel anything.
+
+- party keys: a gateway that hands out its own keys for a party is refused by the
+  client before anything is sealed, naming the party (the keys are certified by the
+  deployment CA, ppfs.keycert);
+- consent: a job on a data set for a recipient its owner never consented to is
+  refused by every party on its own, and audited there (ppfs.contract.check_consents);
+- results: a duplicated, missing or foreign-signed part, or a relabelled job record,
+  is refused by `ppfs result fetch` (ppfs.contract.ResultStatement).
+
+The malicious gateway is a test double in front of the real one: a reverse proxy
+that rewrites what it relays.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import csv
+import datetime as dt
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+from nacl.exceptions import CryptoError
+from nacl.public import PrivateKey, SealedBox
+from nacl.signing import SigningKey
+from service_fakes import RealCluster, Stack, horizontal_setup, make_stack, wait_final
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ppfs import oracle
+from ppfs.cli import main
+from ppfs.contract import Consent, Reveal
+from ppfs.keycert import (
+    KeyStatement,
+    TrustAnchor,
+    UntrustedPartyKey,
+    ca_fingerprint,
+    certify_party_keys,
+    verify_party_keys,
+)
+from ppfs.pki import CertificateAuthority
+from ppfs.synthetic import make_table
+
+Rewrite = Callable[[str, str, Any], Any]  # (method, path, JSON) -> JSON
+
+
+class EvilGateway:
+    """A reverse proxy to the real gateway that rewrites JSON answers (``rewrite``)
+    and records every request it relays."""
+
+    def __init__(self, upstream: str, rewrite: Rewrite) -> None:
+        self.upstream = upstream
+        self.rewrite = rewrite
+        self.requests: list[tuple[str, str, bytes]] = []
+        app = Starlette(routes=[Route("/{path:path}", self._relay,
+                                      methods=["GET", "POST", "PUT", "DELETE"])])
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
+                                                    log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive()
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
+
+    async def _relay(self, request: Request) -> Response:
+        body = await request.body()
+        path = request.url.path
+        self.requests.append((request.method, path, body))
+        async with httpx.AsyncClient(base_url=self.upstream, timeout=30) as http:
+            resp = await http.request(
+                request.method, path + (f"?{request.url.query}" if request.url.query else ""),
+                content=body, headers={k: v for k, v in request.headers.items()
+                                       if k.lower() in ("authorization", "content-type")})
+        content = resp.content
+        if resp.headers.get("content-type", "").startswith("application/json"):
+            content = json.dumps(self.rewrite(request.method, path, resp.json())).encode()
+        return Response(content, status_code=resp.status_code,
+                        media_type=resp.headers.get("content-type"))
+
+    def posts(self) -> list[str]:
+        return [path for method, path, _ in self.requests if method == "POST"]
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def run(capsys: pytest.CaptureFixture[str], s: Stack, url: str, subject: str,
+        *argv: str, anchor: str | None = None) -> tuple[int, str, str]:
+    env = {"PPFS_GATEWAY": url, "PPFS_TOKEN": s.token[subject],
+           "PPFS_KEY": str(s.keys[subject].path),
+           "PPFS_DEPLOYMENT_CA": anchor if anchor is not None else str(s.ca_pem)}
+    os.environ.update(env)
+    try:
+        rc = main(list(argv))
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def write_csv(path: Path, t: Any) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow([*t.columns, "label"])
+        for i in range(t.m):
+            w.writerow([*(repr(float(v)) for v in t.x[i]), t.y[i]])
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = make_stack(tmp_path_factory.mktemp("trust"))
+    yield s
+    s.close()
+
+
+# -- party keys ------------------------------------------------------------------------
+
+
+def _rogue_keys(victim: int, rogue_ca: CertificateAuthority | None) -> tuple[Rewrite, PrivateKey]:
+    """A gateway that substitutes its own box and signing keys for one party's, keeping
+    the real statement (rogue_ca None) or certifying its keys with its own CA."""
+    box, signing = PrivateKey.generate(), SigningKey.generate()
+
+    def rewrite(method: str, path: str, body: Any) -> Any:
+        if path != "/v1/deployment":
+            return body
+        body = copy.deepcopy(body)
+        p = body["parties"][victim]
+        p["box_public_key"] = base64.b64encode(bytes(box.public_key)).decode()
+        p["signing_public_key"] = base64.b64encode(bytes(signing.verify_key)).decode()
+        if rogue_ca is not None:
+            st, sig = certify_party_keys(rogue_ca.key, rogue_ca.cert, victim, p["name"],
+                                         bytes(box.public_key), bytes(signing.verify_key))
+            p["key_statement"] = base64.b64encode(st).decode()
+            p["key_statement_signature"] = base64.b64encode(sig).decode()
+            body["deployment_ca_pem"] = rogue_ca.cert_pem().decode()
+        return body
+
+    return rewrite, box
+
+
+@pytest.mark.parametrize("forge", ["keys-only", "own-ca", "own-ca-vs-fingerprint"])
+def test_gateway_substituting_party_keys_is_refused_before_sealing(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str], forge: str
+) -> None:
+    rogue_ca = None if forge == "keys-only" else CertificateAuthority.create("rogue CA")
+    rewrite, rogue_box = _rogue_keys(1, rogue_ca)
+    anchor = str(stack.ca_pem)
+    named = "party 1 (Bob)"
+    if forge == "own-ca-vs-fingerprint":  # the client holds only the fingerprint
+        anchor = ca_fingerprint(TrustAnchor.parse(anchor).cert)  # type: ignore[arg-type]
+        # the relayed CA certificate is the rogue's: the first party checked fails
+        named = "party 0 (Alice): the deployment CA certificate the gateway relayed"
+    evil = EvilGateway(stack.gateway.url, rewrite)
+    try:
+        t = make_table(12, 3, seed=2)
+        write_csv(tmp_path / "a.csv", t)
+        rc, _, err = run(capsys, stack, evil.url, "owner-a", "upload", str(tmp_path / "a.csv"),
+                         "--dataset", "d", "--label", "label", anchor=anchor)
+        assert rc == 1, err
+        assert named in err, err
+        rc, _, err = run(capsys, stack, evil.url, "analyst-1", "jobs", "submit", "--dataset",
+                         "x", "--label", "label", "--k", "1", anchor=anchor)
+        assert rc == 1 and named in err, err
+        # nothing was created, uploaded or submitted through it, and nothing it received
+        # opens with the keys it handed out
+        assert evil.posts() == []
+        for _, _, body in evil.requests:
+            for blob in re.findall(rb"[A-Za-z0-9+/]{64,}={0,2}", body):
+                with pytest.raises((CryptoError, ValueError)):
+                    SealedBox(rogue_box).decrypt(base64.b64decode(blob))
+    finally:
+        evil.stop()
+
+
+def test_without_a_trust_anchor_nothing_is_sealed(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = make_table(12, 3, seed=2)
+    write_csv(tmp_path / "a.csv", t)
+    rc, _, err = run(capsys, stack, stack.gateway.url, "owner-a", "upload",
+                     str(tmp_path / "a.csv"), "--dataset", "d", "--label", "label", anchor="")
+    assert rc == 2 and "--deployment-ca" in err and "ppfs pki fingerprint" in err, err
+
+
+def test_key_statement_checks() -> None:
+    ca, other = CertificateAuthority.create("ca"), CertificateAuthority.create("other")
+    anchor = TrustAnchor.from_pem(ca.cert_pem())
+    box, sig = bytes(PrivateKey.generate().public_key), bytes(SigningKey.generate().verify_key)
+    st, s = certify_party_keys(ca.key, ca.cert, 2, "Carol", box, sig)
+    ok = dict(index=2, name="Carol", box_public_key=box, signing_public_key=sig,
+              statement=st, signature=s)
+    assert verify_party_keys(anchor, **ok).index == 2  # type: ignore[arg-type]
+    # the fingerprint alone works with the relayed certificate
+    fp = TrustAnchor(anchor.sha256)
+    assert verify_party_keys(fp, relayed_ca_pem=ca.cert_pem(), **ok)  # type: ignore[arg-type]
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"index": 1, "name": "Bob"}, "statement is for party 2 (Carol)"),
+        ({"box_public_key": sig}, "not the keys the deployment CA certified"),
+        ({"signature": s[:-1] + bytes([s[-1] ^ 1])}, "not signed by the deployment CA"),
+        ({"statement": b""}, "no certificate"),
+    ]
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=400)
+    for change, msg in bad:
+        with pytest.raises(UntrustedPartyKey, match=re.escape(msg)):
+            verify_party_keys(anchor, **{**ok, **change})  # type: ignore[arg-type]
+    with pytest.raises(UntrustedPartyKey, match=r"valid .* not now"):
+        verify_party_keys(anchor, now=later, **ok)  # type: ignore[arg-type]
+    st2, s2 = certify_party_keys(other.key, other.cert, 2, "Carol", box, sig)
+    with pytest.raises(UntrustedPartyKey, match="not signed by the deployment CA"):
+        verify_party_keys(anchor, **{**ok, "statement": st2, "signature": s2})  # type: ignore[arg-type]
+    with pytest.raises(UntrustedPartyKey, match="not the one whose fingerprint"):
+        verify_party_keys(fp, relayed_ca_pem=other.cert_pem(),  # type: ignore[arg-type]
+                          **{**ok, "statement": st2, "signature": s2})
+    # a statement for another CA, signed by ours (a CA reused across deployments)
+    d = json.loads(st)
+    d["ca_sha256"] = "0" * 64
+    st3 = KeyStatement(**d).to_bytes()
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    s3 = ca.key.sign(st3, ec.ECDSA(hashes.SHA256()))
+    with pytest.raises(UntrustedPartyKey, match="names another deployment CA"):
+        verify_party_keys(anchor, **{**ok, "statement": st3, "signature": s3})  # type: ignore[arg-type]
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+def _finished_job(stack: Stack) -> tuple[str, Any]:
+    t, ids, _ = horizontal_setup(stack, m=40, p=6, seed=9)
+    analyst = stack.client("analyst-1")
+    job = analyst.submit(stack.keys["analyst-1"], ids, label="label", k=2, engine="mpyc")
+    assert wait_final(analyst, job["id"])["state"] == "succeeded"
+    return job["id"], t
+
+
+def _forge_parts(how: str) -> Rewrite:
+    rogue = SigningKey.generate()
+
+    def rewrite(method: str, path: str, body: Any) -> Any:
+        body = copy.deepcopy(body)
+        if path.endswith("/result"):
+            parts = body["parts"]
+            if how == "duplicate":  # Alice's part three times: every "party" agrees
+                body["parts"] = [dict(parts[0])] * 3
+            elif how == "duplicate-relabelled":  # ... even with the index rewritten
+                body["parts"] = [parts[0], parts[1], {**parts[1], "party_index": 2}]
+            elif how == "missing":
+                body["parts"] = parts[:2]
+            elif how == "foreign-signer":
+                sealed = base64.b64decode(parts[2]["sealed"])
+                sig = rogue.sign(body["job_id"].encode() + sealed).signature
+                parts[2]["signature"] = base64.b64encode(sig).decode()
+                st = base64.b64decode(parts[2]["statement"])
+                parts[2]["statement_signature"] = base64.b64encode(
+                    rogue.sign(st).signature).decode()
+        elif how == "relabel" and re.fullmatch(r"/v1/jobs/[0-9a-f]+", path):
+            body["columns"] = list(reversed(body["columns"]))
+        return body
+
+    return rewrite
+
+
+@pytest.mark.parametrize(("how", "message"), [
+    ("duplicate", "more than one part of Alice"),
+    ("duplicate-relabelled", "Carol's part: a result part is not signed by its party"),
+    ("missing", "lacks the part of Carol"),
+    ("foreign-signer", "Carol's part: a result part is not signed by its party"),
+    ("relabel", "job record differs from what every party signed in columns"),
+])
+def test_forged_results_are_refused(
+    stack: Stack, capsys: pytest.CaptureFixture[str], how: str, message: str
+) -> None:
+    job_id, t = _finished_job(stack)
+    rc, out, err = run(capsys, stack, stack.gateway.url, "analyst-1", "result", "fetch",
+                       job_id, "--json")
+    assert rc == 0, err  # the honest gateway's result opens, and is right
+    want = oracle.ms_gini_top_k(t.x, t.y, t.n_classes, 2)
+    assert json.loads(out)["selected"] == [t.columns[j] for j in want]
+    evil = EvilGateway(stack.gateway.url, _forge_parts(how))
+    try:
+        rc, out, err = run(capsys, stack, evil.url, "analyst-1", "result", "fetch", job_id)
+        assert rc == 1, (out, err)
+        assert message in err, err
+        assert "selected" not in out
+    finally:
+        evil.stop()
+
+
+# -- consent, enforced by every party ---------------------------------------------------
+
+
+def test_job_without_the_owners_consent_is_refused_by_every_party(tmp_path: Path) -> None:
+    """A principal the gateway lets through (owner-b, granted owner-a's data set by an
+    admin) starts a job on it for itself; owner-a consented only to analyst-1. Every
+    party refuses and audits it; nothing runs. A job asking for more than the consent
+    covers (the model) is refused too; the job the consent names runs."""
+    s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",)))
+    try:
+        t = make_table(12, 3, seed=6)
+        a, admin = s.client("owner-a"), s.client("admin")
+        from service_fakes import owner_table
+
+        ds = a.create_dataset("a")
+        a.upload_table(s.keys["owner-a"], owner_table(t), ds["id"])
+        admin.grant(ds["id"], "analyst-1")
+        admin.grant(ds["id"], "owner-b")
+        a.consent(s.keys["owner-a"], ds["id"], "analyst-1", s.keys["analyst-1"].box_public_key)
+        b = s.client("owner-b")
+        job = b.submit(s.keys["owner-b"], [ds["id"]], label="label", k=1, engine="mpyc")
+        done = wait_final(b, job["id"], timeout=60)
+        assert done["state"] == "failed" and "could not start" in done["error"], done
+        assert "no consent" in done["error"] and "'owner-a'" in done["error"], done["error"]
+        # the analyst's consent does not cover the model either
+        analyst = s.client("analyst-1")
+        training = {"epochs": 1, "batch_size": 4, "learning_rate": 0.5}
+        job2 = analyst.submit(s.keys["analyst-1"], [ds["id"]], label="label", k=1,
+                              engine="mpyc", training=training)
+        done2 = wait_final(analyst, job2["id"], timeout=60)
+        assert done2["state"] == "failed" and "no consent to reveal the selection and model" \
+            in done2["error"], done2["error"]
+        for settings in s.cluster.dep.settings:
+            audit = [json.loads(x) for x in
+                     (settings.state_dir / "audit.log").read_text().splitlines()]
+            refused = {e["job_id"]: e for e in audit if e["event"] == "job.refused"}
+            assert refused[job["id"]]["failure"] == "refused"
+            assert refused[job["id"]]["recipient"] == "owner-b"
+            assert "no consent" in refused[job2["id"]]["reason"]
+            assert not any(e["event"] == "job.accepted" for e in audit)
+            # at most the gateway's cancel is remembered (a tombstone): nothing ran
+            rec = settings.state_dir / "jobs" / f"{job['id']}.json"
+            if rec.exists():
+                got = json.loads(rec.read_text())
+                assert got["state"] == "cancelled" and not got["description_hex"], got
+        # with the consent it names, the analyst's job runs and is right
+        job3 = analyst.submit(s.keys["analyst-1"], [ds["id"]], label="label", k=1,
+                              engine="mpyc")
+        assert wait_final(analyst, job3["id"], timeout=240)["state"] == "succeeded"
+        got = analyst.fetch_result(s.keys["analyst-1"], job3["id"])
+        assert got.indices.tolist() == oracle.ms_gini_top_k(t.x, t.y, t.n_classes, 1).tolist()
+    finally:
+        s.close()
+
+
+def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path: Path) -> None:
+    """The gateway's own mutual-TLS identity, used directly on the parties (a turned
+    gateway skips its own checks): no consent, a consent for another recipient key, a
+    consent not signed by the owner, masks made for another key: each refused by every
+    party with kind REFUSED in its audit log."""
+    import asyncio
+
+    from ppfs_party.server import start_party_server
+    from ppfs_party.testing import (
+        Deployment,
+        data_upload,
+        describe_job,
+        mask_upload,
+        start_requests,
+        upload_messages,
+    )
+
+    from ppfs.fixedpoint import FixedPoint
+    from ppfs.v1 import party_pb2
+    from ppfs.v1.party_pb2_grpc import PartyServiceStub
+
+    async def scenario() -> None:
+        dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
+        servers = [await start_party_server(st) for st in dep.settings]
+        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+        try:
+            stubs = [PartyServiceStub(c) for c in channels]
+            box = [(await st.GetIdentity(party_pb2.GetIdentityRequest())).box_public_key
+                   for st in stubs]
+            t = make_table(12, 3, seed=4)
+            fp = FixedPoint()
+            exps = fp.choose_exponents(t.x, t.columns)
+            owner, rec = dep.add_owner("owner-a"), dep.add_owner("analyst")
+            gw = dep.add_owner("gateway-admin")  # a registered principal, not the owner
+            data = data_upload(owner, box, fp.encode(t.x, exps, t.columns), t.columns, exps,
+                               dataset_id="ds", upload_id="u1", onehot=t.one_hot(),
+                               label_column=t.label_column, classes=t.classes)
+            masks = {
+                who.owner_id: mask_upload(who, box, np.zeros((1, 2), dtype=np.uint64),
+                                          dataset_id=f"m-{who.owner_id}",
+                                          upload_id=f"m-{who.owner_id}")
+                for who in (rec, gw)
+            }
+            other_key = mask_upload(rec, box, np.zeros((1, 2), dtype=np.uint64),
+                                    dataset_id="m-other", upload_id="m-other",
+                                    recipient_public_key=bytes(gw.box.public_key))
+            for up in (data, *masks.values(), other_key):
+                for i, st in enumerate(stubs):
+                    await st.PutUploadPart(upload_messages(up, i))
+
+            def job(job_id: str, mask: Any, key: bytes, consents: Any) -> Any:
+                return describe_job(job_id, [[data]], mask=mask, k=1, security="passive-3pc",
+                                    engine="mpyc", recipient_public_key=key,
+                                    peers=dep.peer_addresses(), consents=consents)
+
+            ana = bytes(rec.box.public_key)
+            to_analyst = Consent("owner-a", "ds", "analyst", ana, Reveal.SELECTION)
+            cases = {
+                # the gateway's own recipient, no consent at all
+                "none": job("j-none", masks["gateway-admin"], bytes(gw.box.public_key), []),
+                # the analyst's consent relayed for the gateway's own key
+                "other-key": job("j-key", masks["gateway-admin"], bytes(gw.box.public_key),
+                                 [to_analyst.sign(owner.key)]),
+                # a consent that names the gateway, signed by the gateway
+                "forged": job("j-forged", masks["gateway-admin"], bytes(gw.box.public_key),
+                              [Consent("owner-a", "ds", "gateway-admin",
+                                       bytes(gw.box.public_key),
+                                       Reveal.SELECTION).sign(gw.key)]),
+                # the analyst's consent, but masks that name another result key
+                "mask-key": job("j-mask", other_key, ana, [to_analyst.sign(owner.key)]),
+            }
+            for name, desc in cases.items():
+                for st in stubs:
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await st.StartJob(start_requests(desc))
+                    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+                    assert ("consent" in (info.value.details() or "")
+                            or "mask upload" in (info.value.details() or "")), name
+                    with pytest.raises(grpc.aio.AioRpcError):  # nothing runs
+                        await st.GetJob(party_pb2.GetJobRequest(job_id=desc.job_id))
+            for st_dir in (s.state_dir for s in dep.settings):
+                audit = [json.loads(x) for x in (st_dir / "audit.log").read_text().splitlines()]
+                refused = [e for e in audit if e["event"] == "job.refused"]
+                assert sorted(e["job_id"] for e in refused) == sorted(
+                    d.job_id for d in cases.values())
+                assert all(e["failure"] == "refused" for e in refused)
+                assert not any(e["event"] == "job.accepted" for e in audit)
+            # the same job with the owner's consent for the analyst's key is accepted
+            ok = job("j-ok", masks["analyst"], ana, [to_analyst.sign(owner.key)])
+            for st in stubs:
+                await st.StartJob(start_requests(ok))
+            for st in stubs:
+                await st.CancelJob(party_pb2.CancelJobRequest(job_id="j-ok"))
+        finally:
+            for c in channels:
+                await c.close()
+            for srv in servers:
+                await srv.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_consent_command_stores_a_signed_consent_every_job_carries(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ppfs.contract import SignedConsent
+
+    _, ids, _ = horizontal_setup(stack, m=20, p=4, seed=5)
+    url = stack.gateway.url
+    rc, out, _ = run(capsys, stack, url, "analyst-1", "keys", "show")
+    box = json.loads(out)["box_public_key"]
+    assert base64.b64decode(box) == stack.keys["analyst-1"].box_public_key
+    for owner, ds in (("owner-a", ids[0]), ("owner-b", ids[1])):
+        rc, out, err = run(capsys, stack, url, owner, "datasets", "consent", ds,
+                           "--recipient", "analyst-1", "--recipient-key", box)
+        assert rc == 0 and f"{owner} lets analyst-1 learn the selection" in out, err
+    # owner-b may read data set A's schema, but holds no upload in it: no consent of its own
+    rc, _, err = run(capsys, stack, url, "owner-b", "datasets", "consent", ids[0],
+                     "--recipient", "analyst-1", "--recipient-key", box)
+    assert rc == 2 and "only an owner of the data set's uploads" in err, err
+    listed = stack.client("analyst-1").list_consents(ids[0])
+    assert [(c["owner_id"], c["recipient"], c["reveal"]) for c in listed] == [
+        ("owner-a", "analyst-1", "selection")]
+    analyst = stack.client("analyst-1")
+    job = analyst.submit(stack.keys["analyst-1"], ids, label="label", k=1, engine="mpyc")
+    assert wait_final(analyst, job["id"])["state"] == "succeeded"
+    desc = stack.cluster.parties[0].jobs[job["id"]].desc
+    assert desc.recipient == "analyst-1"
+    got = {}
+    for c in desc.consents:
+        sc = SignedConsent(c.statement, c.signature)
+        owner = sc.consent.owner_id
+        got[owner] = sc.verify(stack.keys[owner].verify_key).dataset_id
+    assert got == {"owner-a": ids[0], "owner-b": ids[1]}
