@@ -138,6 +138,7 @@ class Stack:
         self.layout = layout
         self.procs: list[tuple[str, asyncio.subprocess.Process]] = []
         self.url = ""
+        self.metrics: dict[str, str] = {}  # process name -> its Prometheus /metrics URL
 
     async def _spawn(self, name: str, argv: list[str]) -> asyncio.subprocess.Process:
         logs = self.layout.root / "logs"
@@ -172,7 +173,10 @@ class Stack:
         lay = self.layout
         run = lay.root / "run"
         run.mkdir(exist_ok=True)
-        mpc_ports = free_ports(lay.parties)
+        # metrics listeners (plain HTTP on loopback): one per party, one for the gateway;
+        # drawn with the MPC ports so that no two of them coincide
+        ports = free_ports(2 * lay.parties + 1)
+        mpc_ports, metrics_ports = ports[: lay.parties], ports[lay.parties :]
         party_ports = []
         for i, state in enumerate(lay.party_dirs):
             name = PARTY_NAMES[i].lower()
@@ -184,7 +188,9 @@ class Stack:
                 "--listen", "127.0.0.1:0", "--port-file", str(pf),
                 "--mpc-host", "127.0.0.1", "--mpc-port", str(mpc_ports[i]),
                 "--mpc-bind-host", "127.0.0.1",
+                "--metrics-listen", f"127.0.0.1:{metrics_ports[i]}",
             ]  # fmt: skip
+            self.metrics[name] = f"http://127.0.0.1:{metrics_ports[i]}/metrics"
             proc = await self._spawn(name, argv)
             party_ports.append(await self._port(name, proc, pf))
         gw_dir = lay.root / "gateway"
@@ -202,7 +208,9 @@ class Stack:
             "tokens_file": str(lay.tokens_file.resolve()),
             "host": "127.0.0.1",
             "port": port,
+            "metrics_listen": f"127.0.0.1:{metrics_ports[-1]}",
         }
+        self.metrics["gateway"] = f"http://127.0.0.1:{metrics_ports[-1]}/metrics"
         (gw_dir / "gateway.json").write_text(json.dumps(config, indent=1))
         pf = run / "gateway.port"
         pf.unlink(missing_ok=True)
@@ -250,6 +258,8 @@ async def run_stack(args: argparse.Namespace) -> int:
         names = ", ".join(PARTY_NAMES[: args.parties])
         print(f"ppfs: {args.parties} parties ({names}) and the gateway are up")
         print(f"  gateway      {stack.url}   (OpenAPI: {stack.url}/docs)")
+        print(f"  console      {stack.url}/console/   (sign in with a token from the file below)")
+        print("  metrics      " + ", ".join(f"{n} {u}" for n, u in stack.metrics.items()))
         print(f"  tokens       {layout.tokens_file}")
         print(
             f"  environment  source {layout.env_file('owner-a')}   (also owner-b, analyst, admin)"
