@@ -21,7 +21,7 @@
       else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
       else node.setAttribute(k, v === true ? "" : String(v));
     }
-    for (const c of children.flat()) {
+    for (const c of children.flat(Infinity)) {
       if (c === null || c === undefined || c === false) continue;
       node.append(c instanceof Node ? c : document.createTextNode(String(c)));
     }
@@ -281,7 +281,8 @@
       el("tbody", {}, d.columns.map((c, i) => el("tr", {},
         el("td", { class: "num muted", text: i + 1 }),
         el("td", { class: "mono", text: c }),
-        el("td", { class: "num", text: d.column_exponents[i] !== undefined ? `2^${d.column_exponents[i]}` : "—" }),
+        el("td", { class: "num" }, d.column_exponents[i] !== undefined
+          ? ["2", el("sup", { text: d.column_exponents[i] })] : "—"),
         el("td", {}, c === d.label_column ? el("span", { class: "tag", text: "label" }) : "feature")))));
     page(d.name, "Public schema", el("p", {}, el("a", { href: "#/datasets", text: "← All data sets" })),
       el("div", { class: "two-col" },
