@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ppfs.errors import ParameterError, PpfsError
+from ppfs.logfmt import configure_logging
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -31,6 +32,20 @@ def add_commands(sub: Any) -> None:
     serve.add_argument("--host", default=None, help="listen address (default from the config)")
     serve.add_argument("--port", type=int, default=None, help="port; 0 picks a free one")
     serve.add_argument("--port-file", type=Path, default=None, help="write the bound port here")
+    serve.add_argument(
+        "--metrics-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="also serve Prometheus metrics here, plain HTTP without authentication: an "
+        "internal address only (GET /metrics on the API needs an admin token)",
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=None,
+        help="log lines as text or one JSON object per line (default: $PPFS_LOG_FORMAT, "
+        "else text)",
+    )
     serve.set_defaults(func=_serve)
 
     up = sub.add_parser(
@@ -85,16 +100,14 @@ def _serve(args: argparse.Namespace) -> int:
     from ppfs_gateway.main import DropQueryString, create_app
 
     os.umask(0o077)  # the registry, spooled bodies and any log it writes: owner only
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure_logging(args.log_format)
     overrides: dict[str, Any] = {}
     if args.host is not None:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
+    if args.metrics_listen is not None:
+        overrides["metrics_listen"] = args.metrics_listen
     try:
         settings = load_settings(args.config, **overrides)
     except ParameterError as exc:
@@ -105,6 +118,8 @@ def _serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level="info",
+        # uvicorn's loggers go through ours (text or JSON, with redaction)
+        log_config=None,
         ssl_certfile=str(settings.https_cert) if settings.https_cert else None,
         ssl_keyfile=str(settings.https_key) if settings.https_key else None,
         # the access log holds method, path and status only: no header, no query string

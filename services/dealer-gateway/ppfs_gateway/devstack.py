@@ -180,6 +180,7 @@ class Stack:
         self.procs: list[tuple[str, asyncio.subprocess.Process]] = []
         self.parties: list[PartyProcess] = []
         self.url = ""
+        self.metrics: dict[str, str] = {}  # process name -> its Prometheus /metrics URL
 
     async def _spawn(self, name: str, argv: list[str]) -> asyncio.subprocess.Process:
         logs = self.layout.root / "logs"
@@ -218,6 +219,11 @@ class Stack:
         run = lay.root / "run"
         run.mkdir(exist_ok=True)
         mpc_ports = free_port_ranges(lay.parties, MPC_PORTS)
+        # metrics listeners (plain HTTP on loopback): one per party, one for the gateway,
+        # none inside an MPC port range
+        taken = {base + j for base in mpc_ports for j in range(MPC_PORTS)}
+        drawn = free_ports(lay.parties + 1 + len(taken))
+        metrics_ports = [p for p in drawn if p not in taken][: lay.parties + 1]
         party_ports = []
         for i, state in enumerate(lay.party_dirs):
             name = PARTY_NAMES[i].lower()
@@ -229,7 +235,9 @@ class Stack:
                 "--listen", "127.0.0.1:0", "--port-file", str(pf),
                 "--mpc-host", "127.0.0.1", "--mpc-port", str(mpc_ports[i]),
                 "--mpc-port-count", str(MPC_PORTS), "--mpc-bind-host", "127.0.0.1",
+                "--metrics-listen", f"127.0.0.1:{metrics_ports[i]}",
             ]  # fmt: skip
+            self.metrics[name] = f"http://127.0.0.1:{metrics_ports[i]}/metrics"
             proc = await self._spawn(name, argv)
             control = await self._port(name, proc, pf)
             party_ports.append(control)
@@ -251,7 +259,9 @@ class Stack:
             "tokens_file": str(lay.tokens_file.resolve()),
             "host": "127.0.0.1",
             "port": port,
+            "metrics_listen": f"127.0.0.1:{metrics_ports[-1]}",
         }
+        self.metrics["gateway"] = f"http://127.0.0.1:{metrics_ports[-1]}/metrics"
         (gw_dir / "gateway.json").write_text(json.dumps(config, indent=1))
         pf = run / "gateway.port"
         pf.unlink(missing_ok=True)
@@ -368,6 +378,8 @@ async def run_stack(args: argparse.Namespace) -> int:
         names = ", ".join(PARTY_NAMES[: args.parties])
         print(f"ppfs: {args.parties} parties ({names}) and the gateway are up")
         print(f"  gateway      {stack.url}   (OpenAPI: {stack.url}/docs)")
+        print(f"  console      {stack.url}/console/   (sign in with a token from the file below)")
+        print("  metrics      " + ", ".join(f"{n} {u}" for n, u in stack.metrics.items()))
         print(f"  tokens       {layout.tokens_file}")
         print(
             f"  environment  source {layout.env_file('owner-a')}   (also owner-b, analyst, admin)"

@@ -18,6 +18,7 @@ import base64
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,6 +217,8 @@ class JobCoordinator:
         self._dispatch = asyncio.Lock()
         # all-or-nothing uploads: their commit/abort decisions, checks and repairs
         self.uploads = UploadKeeper(registry, parties, rpc_seconds=self.rpc_seconds)
+        # told of every change of a job (metrics); must not raise or block
+        self.on_change: Callable[[JobRecord], None] | None = None
 
     # -- submission --------------------------------------------------------------
 
@@ -270,6 +273,8 @@ class JobCoordinator:
         self._spawn(job_id, resume=False)
         job = self.registry.get_job(job_id)
         assert job is not None
+        if self.on_change is not None:
+            self.on_change(job)
         return job
 
     def _spawn(self, job_id: str, resume: bool) -> None:
@@ -398,6 +403,7 @@ class JobCoordinator:
             program_sha256=st.program_sha256[:64],
             seconds=st.seconds,
             bytes_sent=st.bytes_sent,
+            failure=kind.value if (kind := FailureKind.from_proto(st.failure)) else "",
         )
         if before.parties[c.index] != now:  # write and wake watchers only on a change
             self.registry.set_party_state(job_id, now)
@@ -491,6 +497,8 @@ class JobCoordinator:
         ev = self._changed.pop(job_id, None)
         if ev is not None:
             ev.set()
+        if self.on_change is not None and (job := self.registry.get_job(job_id)) is not None:
+            self.on_change(job)
 
     def change_event(self, job_id: str) -> asyncio.Event:
         """Set at the job's next change. Take it *before* reading the job, then wait."""
@@ -512,3 +520,25 @@ class JobCoordinator:
             if part.job_id != job_id or part.party_index != c.index:
                 raise GatewayError(f"{c.name} returned a result part of another job")
         return list(parts)
+
+
+def job_failure_kind(job: JobRecord) -> str:
+    """Why a final job did not succeed, as one of a bounded set of words ("" when it
+    succeeded or is unfinished): the blamed party's own failure kind where one is
+    reported, else what the gateway saw."""
+    if job.state == "cancelled":
+        return "cancelled"
+    if job.state != "failed":
+        return ""
+    kinds = [p.failure for p in job.parties if p.failure]
+    own = [k for k in kinds if k not in ("peer_lost", "session", "cancelled")]
+    if own:
+        return own[0]
+    err = job.error
+    if "lost the connection" in err or "does not know the job" in err:
+        return "party_lost"
+    if err.startswith("could not start"):
+        return "refused"
+    if "program hashes" in err:
+        return "integrity"
+    return kinds[0] if kinds else "other"

@@ -27,12 +27,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ppfs.errors import PpfsError
 from ppfs_gateway.api.deps import GatewayResources
-from ppfs_gateway.api.routes import datasets, deployment, health, jobs
+from ppfs_gateway.api.routes import datasets, deployment, health, jobs, status
 from ppfs_gateway.api.schemas import problem_responses
 from ppfs_gateway.auth import TokenTable
+from ppfs_gateway.console import install_console
 from ppfs_gateway.core.config import Settings
 from ppfs_gateway.errors import Unauthenticated, classify
 from ppfs_gateway.jobs import JobCoordinator
+from ppfs_gateway.metrics import GatewayMetrics, MetricsMiddleware
+from ppfs_gateway.metrics import router as metrics_router
 from ppfs_gateway.parties import Parties
 from ppfs_gateway.registry import Registry
 
@@ -230,11 +233,15 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
             jobs=coordinator,
             tokens=TokenTable(settings.tokens),
         )
+        metrics.attach(coordinator)
+        listener = metrics.listen(settings.metrics_listen)
         await coordinator.reconcile()
         log.info("[Gateway] started with %d parties", len(conn))
         try:
             yield
         finally:
+            if listener is not None:
+                listener.close()
             await coordinator.close()
             if parties is None:
                 await conn.close()
@@ -251,8 +258,11 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
     )
     app.include_router(health.router)
     common = problem_responses(401, 403, 404, 409, 413, 422, 502)
-    for module in (deployment, datasets, jobs):
+    for module in (deployment, datasets, jobs, status):
         app.include_router(module.router, responses=common)
+    metrics = app.state.metrics = GatewayMetrics()
+    app.include_router(metrics_router)
+    install_console(app)
 
     @app.exception_handler(PpfsError)
     async def domain_error(request: Request, exc: PpfsError) -> JSONResponse:
@@ -301,4 +311,5 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
         tokens=TokenTable(settings.tokens),
         spool_dir=settings.state_dir / "spool",
     )
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees every answer
     return app

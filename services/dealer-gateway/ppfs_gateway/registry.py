@@ -86,6 +86,7 @@ CREATE TABLE IF NOT EXISTS job_parties (
   program_sha256 TEXT NOT NULL DEFAULT '',
   seconds REAL NOT NULL DEFAULT 0,
   bytes_sent INTEGER NOT NULL DEFAULT 0,
+  failure TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (job_id, party)
 );
 """
@@ -178,6 +179,7 @@ class PartyJobState:
     program_sha256: str = ""
     seconds: float = 0.0
     bytes_sent: int = 0
+    failure: str = ""  # ppfs.contract.FailureKind value the party reported, if any
 
 
 @dataclass
@@ -205,6 +207,12 @@ class Registry:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
+        # registries made before job_parties had its failure column
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(job_parties)")}
+        if "failure" not in cols:
+            self._db.execute(
+                "ALTER TABLE job_parties ADD COLUMN failure TEXT NOT NULL DEFAULT ''"
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -405,6 +413,11 @@ class Registry:
         with self._lock:
             return int(self._db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
 
+    def count_jobs_by_state(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}
+
     def grant(self, dataset_id: str, subject: str) -> None:
         with self._tx() as db:
             db.execute(
@@ -492,7 +505,7 @@ class Registry:
         with self._tx() as db:
             db.execute(
                 "UPDATE job_parties SET state=?, phase=?, progress=?, error=?, program_sha256=?,"
-                " seconds=?, bytes_sent=? WHERE job_id=? AND party=?",
+                " seconds=?, bytes_sent=?, failure=? WHERE job_id=? AND party=?",
                 (
                     st.state,
                     st.phase,
@@ -501,6 +514,7 @@ class Registry:
                     st.program_sha256,
                     st.seconds,
                     st.bytes_sent,
+                    st.failure,
                     job_id,
                     st.party,
                 ),
@@ -549,6 +563,7 @@ class Registry:
                     program_sha256=p["program_sha256"],
                     seconds=float(p["seconds"]),
                     bytes_sent=int(p["bytes_sent"]),
+                    failure=p["failure"],
                 )
                 for p in parties
             ],

@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import PpfsError
+from ppfs.logfmt import configure_logging
 from ppfs.pki import CertificateAuthority
 from ppfs_party.config import DEFAULT_MAX_UPLOAD, PartySettings
 from ppfs_party.keys import issue_client_identity, load_ca, save_ca, sign_party_requests
@@ -55,6 +55,12 @@ def add_commands(subparsers: Any) -> None:
                        help="write the bound control-plane port to this file")
     serve.add_argument("--mpspdz-cache", type=Path, default=None,
                        help="compiled MP-SPDZ programs (default: STATE/cache/mpspdz)")
+    serve.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                       help="serve Prometheus metrics here, plain HTTP without "
+                            "authentication: an internal address only (default: off)")
+    serve.add_argument("--log-format", choices=["text", "json"], default=None,
+                       help="log lines as text or one JSON object per line "
+                            "(default: $PPFS_LOG_FORMAT, else text)")
     serve.set_defaults(func=_serve)
 
     init = psub.add_parser("init", help="create the party's keys and certificate requests")
@@ -108,7 +114,7 @@ def _settings(args: argparse.Namespace) -> PartySettings:
             mpc_port_count=args.mpc_port_count,
             mpc_bind_host=args.mpc_bind_host, max_upload_bytes=args.max_upload_bytes,
             job_timeout=args.job_timeout, port_file=args.port_file,
-            mpspdz_cache=args.mpspdz_cache,
+            mpspdz_cache=args.mpspdz_cache, metrics_listen=args.metrics_listen,
         )
         if args.engine:
             kwargs["engines"] = tuple(args.engine)
@@ -116,8 +122,7 @@ def _settings(args: argparse.Namespace) -> PartySettings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging(args.log_format)
     from ppfs_party.server import serve
 
     try:

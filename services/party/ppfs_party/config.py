@@ -30,6 +30,7 @@ class PartySettings:
     job_timeout: float | None = None  # engine time limit per run; None: engine default
     stop_grace: float = 5.0  # seconds in-flight calls get on SIGTERM
     port_file: Path | None = None  # write the bound control-plane port here (port 0)
+    metrics_listen: str | None = None  # Prometheus /metrics, plain HTTP, internal; None: off
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < len(PARTY_NAMES):

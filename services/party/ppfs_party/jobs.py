@@ -70,6 +70,7 @@ from ppfs_party.errors import (
     to_status,
 )
 from ppfs_party.keys import PartyKeys, fingerprint
+from ppfs_party.metrics import PartyMetrics
 from ppfs_party.store import ShareStore, check_id
 
 log = logging.getLogger("ppfs.party")
@@ -155,6 +156,7 @@ class JobRunner:
         self._start_lock = asyncio.Lock()
         # compiles go on when their job is cancelled: the program is cached for the next
         self._compiles: set[asyncio.Task[str]] = set()
+        self.metrics: PartyMetrics | None = None  # told of every change of a job
 
     # -------------------------------------------------------------- records
     def open(self) -> None:
@@ -185,8 +187,11 @@ class JobRunner:
         return self._changed.setdefault(job_id, asyncio.Condition())
 
     async def _update(self, rec: JobRecord, **changes: object) -> None:
+        old_state = rec.state
         for k, v in changes.items():
             setattr(rec, k, v)
+        if self.metrics is not None:
+            self.metrics.job_changed(rec, old_state)
         await asyncio.to_thread(self._save, rec)
         cond = self._cond(rec.job_id)
         async with cond:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from ppfs.metrics_listener import MetricsListener, serve_metrics
 from ppfs.v1 import party_pb2, party_pb2_grpc
 from ppfs_party.config import PartySettings
 from ppfs_party.servicer import PartyServicer
@@ -51,6 +52,7 @@ class PartyServer:
     port: int
     state: PartyState
     health: health.aio.HealthServicer
+    metrics: MetricsListener | None = field(default=None)
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.state.settings.stop_grace if grace is None else grace
@@ -58,6 +60,8 @@ class PartyServer:
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.state.jobs.shutdown()
         await self.server.stop(grace)
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
         log.info("[Party.server] %s stopped", self.state.settings.name)
 
 
@@ -82,7 +86,11 @@ async def start_party_server(
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     log.info("[Party.server] %s listening on port %d", settings.name, port)
-    return PartyServer(server, port, state, health_servicer)
+    metrics = None
+    if settings.metrics_listen:
+        metrics = serve_metrics(settings.metrics_listen, state.metrics.registry)
+        log.info("[Party.server] %s metrics on port %d", settings.name, metrics.port)
+    return PartyServer(server, port, state, health_servicer, metrics)
 
 
 async def serve(settings: PartySettings) -> None:

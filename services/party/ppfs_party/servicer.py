@@ -14,6 +14,7 @@ from ppfs.errors import ParameterError
 from ppfs.v1 import party_pb2, party_pb2_grpc
 from ppfs_party.errors import to_status
 from ppfs_party.jobs import JobRecord
+from ppfs_party.metrics import PartyMetrics
 from ppfs_party.state import PartyState
 from ppfs_party.store import UploadHeader
 
@@ -23,8 +24,10 @@ R = TypeVar("R")
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], method: str,
-                 exc: Exception) -> None:
+                 exc: Exception, metrics: PartyMetrics | None = None) -> None:
     code, message = to_status(exc)
+    if metrics is not None:
+        metrics.refused(method, code.name)
     if code is grpc.StatusCode.INTERNAL:
         log.exception("[Party.%s] unexpected error", method)
     else:
@@ -41,7 +44,7 @@ def _unary(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         try:
             return await method(self, request, context)
         except Exception as exc:
-            await _abort(context, method.__name__, exc)
+            await _abort(context, method.__name__, exc, self.state.metrics)
             raise  # not reached: abort raises
 
     return wrapper
@@ -92,13 +95,14 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
                     yield msg.chunk
 
             stored = await self.state.store.put(header, chunks())
+            self.state.metrics.upload_stored(h.sealed_size)
             m = stored.manifest
             return party_pb2.PutUploadPartResponse(
                 dataset_id=m.dataset_id, upload_id=m.upload_id, rows=m.rows,
                 columns=len(m.columns),
             )
         except Exception as exc:
-            await _abort(context, "PutUploadPart", exc)
+            await _abort(context, "PutUploadPart", exc, self.state.metrics)
             raise
 
     @_unary
@@ -161,7 +165,7 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
             async for rec in self.state.jobs.watch(request.job_id):
                 yield party_pb2.JobEvent(status=job_status(rec))
         except Exception as exc:
-            await _abort(context, "WatchJob", exc)
+            await _abort(context, "WatchJob", exc, self.state.metrics)
 
     @_unary
     async def FetchResultPart(self, request: party_pb2.FetchResultPartRequest,

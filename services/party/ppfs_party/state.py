@@ -5,8 +5,11 @@ Built by :func:`open_state` at server start (never at import); the servicer gets
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import ppfs
 from ppfs.engines.base import Engine
 from ppfs.engines.mpspdz import MpSpdzEngine
 from ppfs.engines.mpyc_engine import MpycEngine
@@ -16,6 +19,7 @@ from ppfs_party.audit import AuditLog
 from ppfs_party.config import PartySettings
 from ppfs_party.jobs import JobRunner
 from ppfs_party.keys import CONTROL, PartyKeys, load_or_create
+from ppfs_party.metrics import PartyMetrics
 from ppfs_party.store import ShareStore
 
 
@@ -27,6 +31,7 @@ class PartyState:
     jobs: JobRunner
     audit: AuditLog
     engines: dict[str, Engine]
+    metrics: PartyMetrics = field(default_factory=PartyMetrics)
 
     def identity(self) -> party_pb2.PartyIdentity:
         s = self.settings
@@ -41,6 +46,8 @@ class PartyState:
             engines=list(self.engines), mpc_host=s.mpc_host, mpc_port_base=s.mpc_port_base,
             mpc_port_count=s.mpc_port_count, key_statement=statement,
             key_statement_signature=signature, deployment_ca_pem=self.keys.public_pem("ca"),
+            software_version=ppfs.__version__,
+            engine_versions={n: engine_version(n, s) for n in self.engines},
         )
 
     def dataset_info(self, dataset_id: str) -> party_pb2.DatasetInfo:
@@ -52,6 +59,23 @@ class PartyState:
             classes=len(m.classes), rows=sum(u.manifest.rows for u in uploads),
             upload_ids=[u.manifest.upload_id for u in uploads],
         )
+
+
+def engine_version(name: str, settings: PartySettings) -> str:
+    """The engine's release, as far as this machine tells ("" when unknown)."""
+    if name == "mpyc":
+        import mpyc
+
+        return str(getattr(mpyc, "__version__", ""))
+    if name == "mp-spdz":
+        home = Path(settings.mpspdz_home or mpspdz_home())
+        try:
+            head = (home / "CHANGELOG.md").read_text(encoding="utf-8", errors="replace")[:4000]
+        except OSError:
+            return ""
+        found = re.search(r"^## (\d+\.\d+(?:\.\d+)?)", head, re.MULTILINE)
+        return found.group(1) if found else ""
+    return ""
 
 
 def usable_engines(settings: PartySettings) -> dict[str, Engine]:
@@ -82,6 +106,9 @@ def open_state(settings: PartySettings) -> PartyState:
     store = ShareStore(settings.state_dir, settings.index, keys.box, audit,
                        settings.max_upload_bytes)
     store.open()
+    metrics = PartyMetrics(settings.name)
     jobs = JobRunner(settings, keys, store, audit, engines)
+    jobs.metrics = metrics
     jobs.open()
-    return PartyState(settings, keys, store, jobs, audit, engines)
+    metrics.watch(jobs)
+    return PartyState(settings, keys, store, jobs, audit, engines, metrics)

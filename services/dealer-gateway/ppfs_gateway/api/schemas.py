@@ -225,12 +225,17 @@ class PartyStateOut(BaseModel):
     program_sha256: str
     seconds: float
     bytes_sent: int
+    failure_kind: str = Field(default="", description="why this party failed, if it did")
 
 
 class JobOut(BaseModel):
     id: str
     state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
     error: str
+    failure_kind: str = Field(
+        default="", description="why a failed or cancelled job did not succeed: own, "
+        "peer_lost, timeout, integrity, refused, session, restarted, party_lost, cancelled, other"
+    )
     submitter: str
     dataset_ids: list[str]
     combination: str

@@ -91,6 +91,9 @@ class Settings(BaseModel):
     # files; without them the gateway speaks plain HTTP (localhost or behind a TLS proxy)
     https_cert: Path | None = None
     https_key: Path | None = None
+    # Prometheus metrics without authentication on a separate plain-HTTP listener
+    # ("HOST:PORT", internal networks only); GET /metrics on the API needs an admin token
+    metrics_listen: str | None = None
 
     @model_validator(mode="after")
     def _https_pair(self) -> Settings:

@@ -21,7 +21,7 @@ from ppfs_gateway.api.schemas import (
 )
 from ppfs_gateway.core.config import Role
 from ppfs_gateway.errors import InvalidRequest
-from ppfs_gateway.jobs import JobCoordinator, JobSpec
+from ppfs_gateway.jobs import JobCoordinator, JobSpec, job_failure_kind
 from ppfs_gateway.registry import FINAL_STATES, JobRecord
 
 router = APIRouter(tags=["jobs"])
@@ -33,6 +33,7 @@ def job_out(job: JobRecord) -> JobOut:
         id=job.id,
         state=job.state,  # type: ignore[arg-type]
         error=job.error,
+        failure_kind=job_failure_kind(job),
         submitter=job.submitter,
         dataset_ids=r["dataset_ids"],
         combination=r["combination"],
@@ -63,6 +64,7 @@ def job_out(job: JobRecord) -> JobOut:
                 program_sha256=p.program_sha256,
                 seconds=p.seconds,
                 bytes_sent=p.bytes_sent,
+                failure_kind=p.failure,
             )
             for p in job.parties
         ],
