@@ -40,6 +40,7 @@ from ppfs.contract import (
     JobContract,
     JobState,
     description_sha256,
+    failure_kind,
     service_shape,
 )
 from ppfs.engines.base import Engine
@@ -418,3 +419,22 @@ def test_session_tag_binds_job_id_and_description() -> None:
     assert a != session_tag("job-1", "b" * 64)
     assert description_sha256(party_pb2.JobDescription(job_id="x")) != description_sha256(
         party_pb2.JobDescription(job_id="y"))
+
+
+def test_collective_failures_blame_no_party() -> None:
+    """A range check every party opened, or disagreeing copies of a share component, stop
+    every party alike: the gateway names the reporter, never as the party that failed."""
+    from ppfs_gateway.jobs import failure_reason
+
+    from ppfs.errors import IntegrityError, RangeAbortError
+
+    assert failure_kind(RangeAbortError("weights out of range")) is FailureKind.OUT_OF_RANGE
+    assert failure_kind(IntegrityError("copies disagree")) is FailureKind.INTEGRITY
+    for kind in (FailureKind.OUT_OF_RANGE, FailureKind.INTEGRITY):
+        st = party_pb2.JobStatus(state=party_pb2.JOB_STATE_FAILED, error="stopped",
+                                 failure=kind.to_proto())
+        reason = failure_reason("Bob", st)
+        assert "Bob failed" not in reason and "no party is blamed" in reason
+    own = party_pb2.JobStatus(state=party_pb2.JOB_STATE_FAILED, error="disk full",
+                              failure=FailureKind.OWN.to_proto())
+    assert failure_reason("Bob", own) == "Bob failed: disk full"

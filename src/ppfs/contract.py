@@ -53,6 +53,7 @@ from ppfs.errors import (
     IntegrityError,
     ParameterError,
     PeerLostError,
+    RangeAbortError,
     SessionMismatchError,
     ShareFormatError,
     TimedOutError,
@@ -102,11 +103,19 @@ class FailureKind(enum.StrEnum):
     CANCELLED = "cancelled"  # told to stop
     SESSION = "session"  # the engine's peers ran another job
     RESTARTED = "restarted"  # the party restarted while the job was unfinished
+    OUT_OF_RANGE = "out_of_range"  # a Step 2B range check opened 1 (the data's doing)
 
     @property
     def symptom(self) -> bool:
         """True when the kind only reports that something happened elsewhere."""
         return self in (FailureKind.PEER_LOST, FailureKind.SESSION, FailureKind.CANCELLED)
+
+    @property
+    def collective(self) -> bool:
+        """True when every party stops alike and the cause cannot be pinned on the
+        reporter: a range check every party opened, or copies of a share component that
+        disagree (the engine cannot tell which server altered its share)."""
+        return self in (FailureKind.OUT_OF_RANGE, FailureKind.INTEGRITY)
 
     def to_proto(self) -> pb.FailureKind:
         return cast("pb.FailureKind", pb.FailureKind.Value(f"FAILURE_KIND_{self.name}"))
@@ -121,6 +130,8 @@ def failure_kind(exc: BaseException) -> FailureKind:
     """The kind of a failure raised while running a job."""
     if isinstance(exc, IntegrityError):
         return FailureKind.INTEGRITY
+    if isinstance(exc, RangeAbortError):
+        return FailureKind.OUT_OF_RANGE
     if isinstance(exc, SessionMismatchError):
         return FailureKind.SESSION
     if isinstance(exc, PeerLostError):

@@ -96,6 +96,16 @@ def _symptom(st: pb.JobStatus) -> bool:
     return kind is not None and kind.symptom
 
 
+def failure_reason(party: str, st: pb.JobStatus) -> str:
+    """The job's reason when ``party`` reports a failure: the party is named as the one
+    that failed, except for a collective kind, which names it only as the reporter."""
+    error = st.error[:300] or "no reason given"
+    kind = FailureKind.from_proto(st.failure)
+    if kind is not None and kind.collective:
+        return f"the secure run stopped: {error} (reported by {party}; no party is blamed)"
+    return f"{party} failed: {error}"
+
+
 def mpc_port(ident: pb.PartyIdentity, sequence: int) -> int:
     """The party's MPC port for the job with this sequence number (rotating)."""
     return ident.mpc_port_base + sequence % max(1, ident.mpc_port_count)
@@ -412,7 +422,7 @@ class JobCoordinator:
         if job is None or job.state in FINAL_STATES:
             return
         if state == "failed":
-            reason = f"{c.name} failed: {st.error[:300] or 'no reason given'}"
+            reason = failure_reason(c.name, st)
             if _symptom(st):
                 reason = await self._blame(job_id, c, reason)
             await self._fail(job_id, reason)
@@ -445,7 +455,7 @@ class JobCoordinator:
                 except GatewayError:
                     return f"lost the connection to {other.name}"
                 if st.state == pb.JOB_STATE_FAILED and not _symptom(st):
-                    return f"{other.name} failed: {st.error[:300] or 'no reason given'}"
+                    return failure_reason(other.name, st)
             if time.monotonic() >= deadline or self._final(job_id):
                 return reason
             await asyncio.sleep(0.5)

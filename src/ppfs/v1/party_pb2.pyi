@@ -40,6 +40,7 @@ class FailureKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_KIND_CANCELLED: _ClassVar[FailureKind]
     FAILURE_KIND_SESSION: _ClassVar[FailureKind]
     FAILURE_KIND_RESTARTED: _ClassVar[FailureKind]
+    FAILURE_KIND_OUT_OF_RANGE: _ClassVar[FailureKind]
 UPLOAD_STATUS_UNSPECIFIED: UploadStatus
 UPLOAD_STATUS_STAGED: UploadStatus
 UPLOAD_STATUS_COMMITTED: UploadStatus
@@ -62,6 +63,7 @@ FAILURE_KIND_REFUSED: FailureKind
 FAILURE_KIND_CANCELLED: FailureKind
 FAILURE_KIND_SESSION: FailureKind
 FAILURE_KIND_RESTARTED: FailureKind
+FAILURE_KIND_OUT_OF_RANGE: FailureKind
 
 class GetIdentityRequest(_message.Message):
     __slots__ = ()
