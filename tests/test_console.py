@@ -53,7 +53,11 @@ class UpStack:
     def client(self, subject: str):
         from ppfs_client.sdk import GatewayClient
 
-        return GatewayClient(self.url, self.tokens[subject])
+        from ppfs.keycert import TrustAnchor
+
+        # the development CA is the clients' trust anchor (out of band)
+        return GatewayClient(self.url, self.tokens[subject],
+                             trust=TrustAnchor.parse(str(self.root / "ca" / "ca.pem")))
 
     def keys(self, subject: str):
         from ppfs_client.keys import ClientKeys
@@ -104,6 +108,7 @@ def _upload(s: UpStack, name: str, seed: int) -> tuple[str, object]:
     ds = a.create_dataset(name)
     a.upload_table(s.keys("owner-a"), owner_table(t), ds["id"])
     admin.grant(ds["id"], "analyst")
+    a.consent(s.keys("owner-a"), ds["id"], "analyst", s.keys("analyst").box_public_key)
     return ds["id"], t
 
 

@@ -60,6 +60,7 @@ def _data(s: Stack, m: int = 12, p: int = 3, seed: int = 4):
     ds = owner.create_dataset("study")["id"]
     owner.upload_table(s.keys["owner-a"], owner_table(t), ds)
     admin.grant(ds, "analyst-1")
+    owner.consent(s.keys["owner-a"], ds, "analyst-1", s.keys["analyst-1"].box_public_key)
     exps = np.asarray(owner.get_dataset(ds)["column_exponents"])
     return t, ds, FixedPoint().encode(t.x, exps, t.columns)
 

@@ -19,7 +19,9 @@ from ppfs_client.keys import ClientKeys
 from ppfs_client.sdk import GatewayClient
 from service_fakes import owner_table, wait_final
 
+from ppfs.contract import Reveal
 from ppfs.fixedpoint import FixedPoint
+from ppfs.keycert import TrustAnchor
 from ppfs.step2a import Step2AShape, mirror
 from ppfs.synthetic import make_table
 
@@ -67,9 +69,10 @@ def test_ppfs_up_restarts_a_killed_party_and_the_job_names_it(tmp_path: Path) ->
         tokens = {t["subject"]: t["token"]
                   for t in json.loads((state / "tokens.json").read_text())}
         keys = {s: ClientKeys.load(state / "keys" / f"{s}.key") for s in tokens}
+        trust = TrustAnchor.parse(str(state / "ca" / "ca.pem"))  # the operator's, out of band
 
         def client(subject: str) -> GatewayClient:
-            return GatewayClient(url, tokens[subject], timeout=60)
+            return GatewayClient(url, tokens[subject], timeout=60, trust=trust)
 
         owner, admin, analyst = client("owner-a"), client("admin"), client("analyst")
         # the per-job MPC port range is on: four ports per party
@@ -79,6 +82,8 @@ def test_ppfs_up_restarts_a_killed_party_and_the_job_names_it(tmp_path: Path) ->
         ds = owner.create_dataset("study")["id"]
         owner.upload_table(keys["owner-a"], owner_table(t), ds)
         admin.grant(ds, "analyst")
+        owner.consent(keys["owner-a"], ds, "analyst", keys["analyst"].box_public_key,
+                      Reveal.MODEL)
 
         # a long job (many training epochs on MPyC) that Carol will not finish
         training = {"epochs": 200, "batch_size": 4, "learning_rate": 0.5}

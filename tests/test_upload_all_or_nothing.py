@@ -77,10 +77,11 @@ def run_cli(
     os.environ["PPFS_GATEWAY"] = s.gateway.url
     os.environ["PPFS_TOKEN"] = s.token[subject]
     os.environ["PPFS_KEY"] = str(s.keys[subject].path)
+    os.environ["PPFS_DEPLOYMENT_CA"] = str(s.ca_pem)
     try:
         rc = main(list(argv))
     finally:
-        for k in ("PPFS_GATEWAY", "PPFS_TOKEN", "PPFS_KEY"):
+        for k in ("PPFS_GATEWAY", "PPFS_TOKEN", "PPFS_KEY", "PPFS_DEPLOYMENT_CA"):
             os.environ.pop(k, None)
     out, err = capsys.readouterr()
     return rc, out, err
@@ -112,6 +113,7 @@ def test_refused_or_missed_upload_is_used_by_nobody(stack: Stack) -> None:
     first = a.get_dataset(ds)["upload_ids"]
     admin.grant(ds, "owner-b")
     admin.grant(ds, "analyst-1")
+    a.consent(s.keys["owner-a"], ds, "analyst-1", s.keys["analyst-1"].box_public_key)
     exps = a.get_dataset(ds)["column_exponents"]
     dep = a.deployment()
 
@@ -172,6 +174,7 @@ def test_lost_upload_is_named_refused_and_repaired(
     ds = a.create_dataset("study")["id"]
     a.upload_table(s.keys["owner-a"], owner_table(t), ds)
     admin.grant(ds, "analyst-1")
+    a.consent(s.keys["owner-a"], ds, "analyst-1", s.keys["analyst-1"].box_public_key)
     (upload_id,) = a.get_dataset(ds)["upload_ids"]
     run_job(s, ds, t, 12)
     jobs_before = len(analyst.list_jobs())
