@@ -43,6 +43,7 @@ class PartyStats:
     exit_code: int | None
     seconds: float
     bytes_sent: int
+    rounds: int = 0  # communication rounds the engine reports for this party (0: not reported)
 
 
 @dataclass
@@ -86,6 +87,9 @@ class PartyRunSpec:
     program_hash: str | None = None  # refuse to run when the own program differs
     timeout: float | None = None  # None: the engine's default
     bind_host: str | None = None  # listen on this address only (None: every interface)
+    # Where this party dials each peer, when that differs from ``peers`` (a relay or a
+    # NAT in between); its own entry must be ``peers[party]``. None: dial ``peers``.
+    dial: tuple[tuple[str, int], ...] | None = None
 
     @property
     def name(self) -> str:
