@@ -14,10 +14,12 @@ of an MPC run, the address list that party dials: its own real address and, for
 every peer, a relay in front of that peer. With one relay per ordered pair, every
 byte between two parties passes one relay, whichever party opened the connection.
 
-The relay measures how long it actually held each chunk (``hold``): asyncio wakes
-at millisecond granularity and a loaded machine adds more, so the real one-way
-delay is somewhat above the nominal one; benchmarks report the measured figure.
-Only loopback addresses are accepted.
+The relay measures how long it actually held each chunk (``hold``): a sleeping
+process wakes late on a loaded machine, so the real one-way delay is somewhat above
+the nominal one; benchmarks report the measured figure. The mesh's loop waits with
+select(2), whose timeout has microsecond resolution (epoll's, asyncio's default on
+Linux, is rounded up to whole milliseconds, which would turn a 0.5 ms delay into
+1 ms or more). Only loopback addresses are accepted.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import selectors
 import threading
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -223,7 +226,8 @@ class RelayMesh:
     def __init__(self, delay: float) -> None:
         self.delay = delay
         self.relays: dict[tuple[int, int], DelayRelay] = {}
-        self._loop = asyncio.new_event_loop()
+        # select(2): microsecond timeouts (few sockets, far below its descriptor limit)
+        self._loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
         self._thread = threading.Thread(target=self._loop.run_forever, name="delay-relay",
                                         daemon=True)
         self._thread.start()

@@ -103,8 +103,8 @@ def main() -> int:
     rtts = [float(v) for v in args.rtt.split(",")]
     header = ("| data set | program | setting | network | RTT (ms) | measured one-way hold (ms) "
               "| MPC time (s) | sent (MB) | rounds per party | added / (rounds x RTT) "
-              "| estimate (s) | correct |")
-    sep = "|---|---|---|---|---|---|---|---|---|---|---|---|"
+              "| added / (rounds x measured RTT) | estimate (s) | correct |")
+    sep = "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     print(header)
     print(sep)
     rows = []
@@ -128,15 +128,19 @@ def main() -> int:
                         relay0 = r
                 for r in results:
                     rounds = max(r.rounds) if r.rounds else 0
-                    fit = est = "-"
+                    fit = fit_m = est = "-"
                     if r.network == "relay" and r.rtt_ms > 0 and rounds:
                         start = relay0.seconds if relay0 is not None else base.seconds
-                        fit = f"{(r.seconds - start) / (rounds * r.rtt_ms / 1e3):.2f}"
+                        added = r.seconds - start
+                        fit = f"{added / (rounds * r.rtt_ms / 1e3):.2f}"
+                        if r.hold_ms > 0:
+                            fit_m = f"{added / (rounds * 2 * r.hold_ms / 1e3):.2f}"
                         est = f"{base.seconds + rounds * r.rtt_ms / 1e3:.1f}"
                     row = (f"| {ds.name} | {label} | {sec.value} | {r.network} | "
                            f"{r.rtt_ms:g} | {r.hold_ms:.2f} | {r.seconds:.2f} | "
                            f"{r.bytes_sent / 1e6:.0f} | "
-                           f"{' / '.join(f'{v:,}' for v in r.rounds)} | {fit} | {est} | "
+                           f"{' / '.join(f'{v:,}' for v in r.rounds)} | {fit} | {fit_m} | "
+                           f"{est} | "
                            f"{'yes' if r.ok else 'NO'} |")
                     print(row, flush=True)
                     rows.append(row)
@@ -158,9 +162,9 @@ def main() -> int:
             "of the parties to the exit of the last one, compile excluded. Sent: all parties. "
             "Rounds: as MP-SPDZ reports them per party. 'added / (rounds x RTT)': the time "
             "the delay added over the relay at 0 ms, divided by the largest per-party round "
-            "count times the RTT (1 = each round costs one full RTT). Estimate: loopback "
-            "time + rounds x RTT. Correct: selection (and D' or the model) equal the "
-            "plaintext mirror / oracle.",
+            "count times the RTT (1 = each round costs one full RTT); with measured RTT = twice "
+            "the measured one-way hold. Estimate: loopback time + rounds x RTT. Correct: "
+            "selection (and D' or the model) equal the plaintext mirror / oracle.",
             "",
             header,
             sep,
