@@ -1,10 +1,10 @@
 """The paper's protocols written literally (the performance reference), run beside ppfs.
 
 The reference program lives outside this repository (``$PPFS_ANCHOR``, else
-``../shared/anchor`` beside the checkout): ``paper_fs.mpc`` and its runner
-``run_mpc.py``, which compiles the program into the MP-SPDZ home (before it starts
-the clock) and runs all parties on this machine. It is only run from there, never
-copied.
+``shared/anchor`` in the nearest directory above the checkout that has one):
+``paper_fs.mpc`` and its runner ``run_mpc.py``, which compiles the program into
+the MP-SPDZ home (before it starts the clock) and runs all parties on this
+machine. It is only run from there, never copied.
 
 Input: ``rand`` (default) makes the data inside MPC (random values of the data
 set's shape; the reference's author states the timing does not depend on it), so
@@ -43,7 +43,12 @@ def anchor_dir() -> Path:
     env = os.environ.get("PPFS_ANCHOR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "anchor"
+    # ../shared/anchor beside the checkout (a worktree may sit one level deeper)
+    repo = Path(__file__).resolve().parents[1]
+    for base in repo.parents:
+        if (base / "shared" / "anchor").is_dir():
+            return base / "shared" / "anchor"
+    return repo.parent / "shared" / "anchor"
 
 
 def unavailable_reason() -> str | None:
