@@ -4,14 +4,20 @@ Runs the secure selection for the shapes of the paper's data sets, on synthetic
 data of those shapes and on the real data sets, checks every selection against
 the fixed-point mirror, and prints a Markdown table beside the paper's Table 1.
 
+With MP-SPDZ, each ppfs run is followed by a run of the paper's protocols written
+literally (bench/anchor.py; ``--no-anchor`` to skip) on the same shape, and the
+ratios literal / ppfs of time, bytes and party 0's rounds are printed.
+
     .venv/bin/python bench/step2a.py [--engine mp-spdz] [--settings passive-3pc,...]
-        [--datasets CogLoad,LSVT,SPEED] [--source synthetic,real] [--write bench/results/step2a.md]
+        [--datasets CogLoad,LSVT,SPEED] [--source synthetic,real] [--no-anchor]
+        [--write bench/results/step2a.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -20,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import anchor
 from common import PAPER, machine_description
 
 from ppfs.engines.registry import default_engine_name, get_engine
@@ -49,7 +56,27 @@ def run_one(table, k, security, engine_name):
         np.array_equal(sel.indices, ref.selected)
         and np.array_equal(sel.reduced_raw, ref.reduced)
     )
-    return wall, sel.run.seconds, sel.run.compile_seconds, sel.run.bytes_sent, ok
+    rounds = [p.rounds for p in sel.run.parties]
+    return wall, sel.run.seconds, sel.run.compile_seconds, sel.run.bytes_sent, rounds, ok
+
+
+def rounds_cell(rounds: list[int]) -> str:
+    return " / ".join(f"{r:,}" for r in rounds) if any(rounds) else "-"
+
+
+def anchor_cells(sec: Security, m: int, p: int, k: int, seconds: float, sent: int,
+                 rounds: list[int], data: str) -> str:
+    """Run the paper's protocols literally on this shape; their figures and the ratios
+    literal / ppfs (time, bytes, party 0's rounds)."""
+    try:
+        a = anchor.run_anchor(sec, m, p, k, data=data)
+    except Exception as exc:  # a failed reference run is reported, not fatal
+        print(f"reference run failed: {exc}", file=sys.stderr)
+        return "failed | - | - | - |"
+    r0 = rounds[0] if rounds else 0
+    ratio = (f"{a.engine_seconds / seconds:.0f}x / {a.bytes / max(sent, 1):.1f}x / "
+             f"{a.rounds / r0:.1f}x" if r0 else "-")
+    return f"{a.engine_seconds:.2f} | {a.bytes / 1e6:.0f} | {a.rounds:,} | {ratio} |"
 
 
 def main() -> int:
@@ -59,15 +86,26 @@ def main() -> int:
     ap.add_argument("--datasets", default="CogLoad,LSVT,SPEED")
     ap.add_argument("--source", default="synthetic,real")
     ap.add_argument("--write", type=Path, default=None)
+    ap.add_argument("--no-anchor", action="store_true",
+                    help="do not run the paper's protocols written literally")
+    ap.add_argument("--anchor-data", default="rand", choices=["rand", "file"])
     args = ap.parse_args()
     engine = args.engine or default_engine_name()
+    use_anchor = engine == "mp-spdz" and not args.no_anchor
+    if use_anchor and (why := anchor.unavailable_reason()):
+        print(f"not running the paper's protocols: {why}", file=sys.stderr)
+        use_anchor = False
+    load = os.getloadavg()
     settings = [Security(s) for s in args.settings.split(",")]
     wanted = set(args.datasets.split(","))
     rows = []
     header = ("| data set | m x p, k | data | setting | MPC time (s) | compile (s) | wall (s) "
-              "| sent (MB) | = mirror | paper Table 1 (s) | target (s) |")
+              "| sent (MB) | rounds per party | = mirror | paper Table 1 (s) | target (s) "
+              "| literal: MPC time (s) | literal: sent (MB) | literal: rounds P0 "
+              "| literal / ppfs: time / bytes / rounds |")
+    sep = "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     print(header)
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(sep)
     for ds in PAPER:
         if ds.name not in wanted:
             continue
@@ -80,12 +118,15 @@ def main() -> int:
             else:
                 table = make_table(ds.m, ds.p, seed=1)
             for sec in settings:
-                wall, eng_s, comp_s, sent, ok = run_one(table, ds.k, sec, engine)
+                wall, eng_s, comp_s, sent, rounds, ok = run_one(table, ds.k, sec, engine)
                 target = TARGETS.get((ds.name, sec.value))
+                lit = (anchor_cells(sec, table.m, table.p, ds.k, eng_s, sent, rounds,
+                                    args.anchor_data)
+                       if use_anchor else "- | - | - | - |")
                 row = (f"| {ds.name} | {ds.m} x {ds.p}, {ds.k} | {source} | {sec.value} | "
                        f"{eng_s:.2f} | {comp_s:.2f} | {wall:.2f} | {sent / 1e6:.0f} | "
-                       f"{'yes' if ok else 'NO'} | "
-                       f"{ds.runtime[sec.value]} | {target if target else '-'} |")
+                       f"{rounds_cell(rounds)} | {'yes' if ok else 'NO'} | "
+                       f"{ds.runtime[sec.value]} | {target if target else '-'} | {lit}")
                 print(row, flush=True)
                 rows.append(row)
     if args.write:
@@ -100,11 +141,22 @@ def main() -> int:
             "and shape; the synthetic and real data of one shape share it). Wall: the whole "
             "`run_select` call including encoding, sharing and key generation. Sent: total bytes "
             "sent by all parties. '= mirror': selection and D' equal the plaintext "
-            "fixed-point mirror. The paper's runtimes were measured on 3-4 VMs of 32 cores "
-            "each, over a network.",
+            "fixed-point mirror. Rounds: as MP-SPDZ reports them per party (each costs about "
+            "one network round trip on a real network, see bench/results/latency.md). The "
+            "paper's runtimes were measured on 3-4 VMs of 32 cores each, over a network.",
+            "",
+            "Literal: the paper's Protocols 1-3 written literally in MP-SPDZ (the reference "
+            f"program in {anchor.anchor_dir().name}/, see bench/anchor.py), run right after "
+            f"the ppfs run of the same row on the same shape ({args.anchor_data} data made "
+            "inside MPC), MPC time measured the same way (launch to exit of the last party, "
+            "compile excluded); sent = all parties; rounds = party 0's (the reference reports "
+            "no other). Ratios literal / ppfs from the same row.",
+            "",
+            f"The machine was shared with other developers' work while this ran (load average "
+            f"{load[0]:.1f} at the start): compare figures within a row only.",
             "",
             header,
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            sep,
             *rows,
             "",
         ]

@@ -43,6 +43,7 @@ class PartyStats:
     exit_code: int | None
     seconds: float
     bytes_sent: int
+    rounds: int = 0  # communication rounds the engine reports for this party (0: not reported)
 
 
 @dataclass
@@ -89,6 +90,9 @@ class PartyRunSpec:
     # 63-bit tag of the job (ppfs.contract.session_tag): every party inputs it before any
     # data and the run stops unless all tags agree. None: an embedded run (tag 0).
     session_tag: int | None = None
+    # Where this party dials each peer, when that differs from ``peers`` (a relay or a
+    # NAT in between); its own entry must be ``peers[party]``. None: dial ``peers``.
+    dial: tuple[tuple[str, int], ...] | None = None
 
     @property
     def name(self) -> str:

@@ -30,7 +30,13 @@ culprit is named). Engine processes are started through
 Engine output is kept in capped files in each party's directory and never copied
 into an error message or a log: errors name the party, the exit code and a fixed
 reason. ``bytes_sent`` is the sum of the per-party "Data sent" figures MP-SPDZ
-reports with ``-v`` (MB with six significant digits, so approximate).
+reports with ``-v`` (MB with six significant digits, so approximate); each party's
+``rounds`` is the round count MP-SPDZ reports beside it.
+
+A party binds the port of its own line in ``HOSTS`` and dials the others at theirs,
+so party i's ``HOSTS`` may list other addresses for its peers than the peers listen
+at (:attr:`PartyRunSpec.dial`; in embedded runs, the engine's ``peer_view``): the
+latency benchmark puts a delaying relay in front of every peer this way.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -112,6 +118,11 @@ PROTOCOLS: dict[Security, Protocol] = {
 
 _SENT_RE = re.compile(rb"^Data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
 _GLOBAL_RE = re.compile(rb"^Global data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
+_ROUNDS_RE = re.compile(rb"^Data sent = [0-9.eE+-]+ MB in ~([0-9]+) rounds", re.MULTILINE)
+
+Address = tuple[str, int]
+# (party, every party's MPC address) -> the addresses that party dials (own one unchanged)
+PeerView = Callable[[int, tuple[Address, ...]], tuple[Address, ...]]
 
 
 def default_cache_dir() -> Path:
@@ -329,10 +340,13 @@ class MpSpdzEngine:
         *,
         cache_dir: Path | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        peer_view: PeerView | None = None,
     ) -> None:
         self.home = Path(home)
         self.cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
         self.timeout = timeout
+        # embedded runs only: where each party dials its peers (None: where they listen)
+        self.peer_view = peer_view
 
     # ------------------------------------------------------------------ availability
     def unavailable_reason(self) -> str | None:
@@ -471,6 +485,7 @@ class MpSpdzEngine:
                 security=security, shape=inputs.shape, party=i,
                 input_dir=inputs.party_dirs[i], workdir=d, peers=peers,
                 tls=PartyTls(own / f"P{i}.key", own / f"P{i}.pem", own / "ppfs-ca.pem"),
+                dial=self.peer_view(i, peers) if self.peer_view is not None else None,
             ))
         return specs
 
@@ -482,6 +497,14 @@ class MpSpdzEngine:
             raise ParameterError(
                 f"{spec.security.value} needs one MPC address per party and a valid index"
             )
+        hosts = spec.peers
+        if spec.dial is not None:
+            # the party binds the port of its own line: that one must stay its own
+            if len(spec.dial) != len(spec.peers) or spec.dial[i] != spec.peers[i]:
+                raise ParameterError(
+                    "the dial addresses must list every party and this party's own address"
+                )
+            hosts = spec.dial
         if d.exists():
             shutil.rmtree(d)
         pdata = d / "Player-Data"
@@ -492,7 +515,7 @@ class MpSpdzEngine:
             write_cert(pdata / fname, cert)
             _hash_link(pdata, fname, subject_hash(cert))
         (d / "Programs").symlink_to(programs.resolve(), target_is_directory=True)
-        (d / "HOSTS").write_text("".join(f"{host}:{port}\n" for host, port in spec.peers))
+        (d / "HOSTS").write_text("".join(f"{host}:{port}\n" for host, port in hosts))
         write_party_input(spec.security, spec.shape, i, spec.input_dir,
                           pdata / f"Input-Binary-P{i}-0", spec.session_tag or 0)
         own = tree_hash(d / "Programs", name)
@@ -540,6 +563,7 @@ class MpSpdzEngine:
                 exit_code=p.proc.returncode,
                 seconds=(p.ended or time.perf_counter()) - p.started,
                 bytes_sent=_bytes_sent(bytes(p.err.kept)),
+                rounds=_rounds(bytes(p.err.kept)),
             )
             for p in parties
         ]
@@ -769,6 +793,11 @@ def _bytes_sent(stderr: bytes) -> int:
         return int(float(m.group(1)) * 1e6)
     except ValueError:
         return 0
+
+
+def _rounds(stderr: bytes) -> int:
+    m = _ROUNDS_RE.search(stderr)
+    return int(m.group(1)) if m is not None else 0
 
 
 def output_file(party_dir: Path, party: int) -> Path:

@@ -1,0 +1,147 @@
+"""The benchmarks' delay relay: data intact and in order, held for the delay, loopback only."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from delayrelay import DelayRelay, RelayMesh
+
+DELAY = 0.05
+
+
+async def _echo_server() -> asyncio.Server:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(4096):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(echo, "127.0.0.1", 0)
+
+
+def test_bytes_arrive_intact_in_order_and_delayed() -> None:
+    async def main() -> None:
+        server = await _echo_server()
+        target = server.sockets[0].getsockname()[:2]
+        relay = DelayRelay(target, DELAY)
+        port = await relay.start()
+        assert relay.address[0] == "127.0.0.1"
+        loop = asyncio.get_running_loop()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        # many small writes and one large one: order across chunks must be kept
+        pieces = [os.urandom(n) for n in (1, 7, 300, 4096, 70_000, 1_000_000, 5)]
+        sent = b"".join(pieces)
+        t0 = loop.time()
+        for p in pieces:
+            writer.write(p)
+        await writer.drain()
+        first = await reader.readexactly(1)
+        round_trip = loop.time() - t0
+        rest = await reader.readexactly(len(sent) - 1)
+        writer.write_eof()
+        assert await reader.read() == b""  # the end of the stream is relayed too
+        writer.close()
+        await relay.close()
+        server.close()
+        await server.wait_closed()
+        assert first + rest == sent
+        # one relay hop each way: the echo cannot come back before twice the delay
+        assert round_trip >= 2 * DELAY
+        st = relay.stats
+        assert st.connections == 1
+        assert st.to_target.bytes == len(sent) and st.from_target.bytes == len(sent)
+        assert st.to_target.hold_max >= DELAY and st.from_target.hold_max >= DELAY
+        assert min(st.to_target.hold_sum / st.to_target.chunks,
+                   st.from_target.hold_mean) >= DELAY
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_reading_does_not_wait_for_the_delay() -> None:
+    """Delay, not throttling: while the first chunk is still held, the relay has
+    already read every later one (and forwarded none)."""
+    async def main() -> None:
+        received = bytearray()
+
+        async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while data := await reader.read(4096):
+                received.extend(data)
+            writer.close()
+
+        server = await asyncio.start_server(sink, "127.0.0.1", 0)
+        relay = DelayRelay(server.sockets[0].getsockname()[:2], 30.0)
+        port = await relay.start()
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        n = 20
+        for i in range(n):
+            writer.write(i.to_bytes(4, "big"))
+            await writer.drain()
+            await asyncio.sleep(0.001)
+        while relay.stats.to_target.arrived < 4 * n:
+            await asyncio.sleep(0.01)
+        assert received == b""  # everything read, nothing forwarded before its time
+        writer.close()
+        await relay.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_relay_waits_for_a_target_that_is_not_listening_yet() -> None:
+    async def main() -> None:
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        target = probe.getsockname()[:2]
+        probe.close()
+        relay = DelayRelay(target, 0.0)
+        port = await relay.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"early")  # sent before the target exists: queued, not lost
+        await writer.drain()
+        await asyncio.sleep(0.2)
+
+        async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.write(await r.readexactly(5))
+            await w.drain()
+            w.close()
+
+        server = await asyncio.start_server(echo, *target)
+        assert await reader.readexactly(5) == b"early"
+        writer.close()
+        await relay.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_loopback_only() -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        DelayRelay(("10.0.0.1", 80), 0.0)
+    with pytest.raises(ValueError, match="loopback"):
+        DelayRelay(("127.0.0.1", 80), 0.0, host="0.0.0.0")
+    with pytest.raises(ValueError, match="negative"):
+        DelayRelay(("127.0.0.1", 80), -1.0)
+
+
+def test_mesh_gives_each_party_relays_for_its_peers_and_its_own_address() -> None:
+    peers = (("127.0.0.1", 1111), ("127.0.0.1", 2222), ("127.0.0.1", 3333))
+    with RelayMesh(0.001) as mesh:
+        views = [mesh.view(i, peers) for i in range(3)]
+        for i, view in enumerate(views):
+            assert view[i] == peers[i]
+            others = [view[j] for j in range(3) if j != i]
+            assert all(a[0] == "127.0.0.1" and a not in peers for a in others)
+        assert len(mesh.relays) == 6
+        assert mesh.relays[(0, 2)].target == peers[2]
+        # the same pair asked again keeps its relay
+        assert mesh.view(0, peers) == views[0]
+        assert len({r.address for r in mesh.relays.values()}) == 6
