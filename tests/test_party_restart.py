@@ -170,7 +170,7 @@ def test_party_restarted_between_upload_and_job(tmp_path: Path) -> None:
 def test_party_killed_mid_job_then_resubmitted(security: Security, engine: str,
                                                tmp_path: Path) -> None:
     # big enough that the run is still going when the victim is killed
-    table = make_table(150, 30, seed=12) if engine == "mpyc" else make_table(400, 40, seed=12)
+    table = make_table(150, 30, seed=12) if engine == "mpyc" else make_table(1000, 40, seed=12)
     small = 2
     n = security.parties
     dep = Deployment.create(tmp_path, n, engines=(engine,), job_timeout=600.0)
@@ -189,18 +189,23 @@ def test_party_killed_mid_job_then_resubmitted(security: Security, engine: str,
             desc = cluster.job("job-1", "mask-1", security, engine, small, recipient)
             for stub in cluster.stubs:
                 await stub.StartJob(start_requests(desc))
-            # wait until the victim's engine is computing, then kill the daemon
+            # wait until every party's engine is computing (each party assembles and
+            # compiles as the job's first phases, so engines start at different times),
+            # then kill the victim's daemon mid-run
             t_wait = time.monotonic()
             while True:
-                st = await cluster.stubs[victim].GetJob(party_pb2.GetJobRequest(job_id="job-1"))
-                assert st.state in (party_pb2.JOB_STATE_QUEUED, party_pb2.JOB_STATE_RUNNING), (
-                    st.state, st.error)
-                if st.state == party_pb2.JOB_STATE_RUNNING and st.progress >= computing and (
-                        _engine_processes(dep.settings[victim].state_dir)):
+                states = [await stub.GetJob(party_pb2.GetJobRequest(job_id="job-1"))
+                          for stub in cluster.stubs]
+                for st in states:
+                    assert st.state in (party_pb2.JOB_STATE_QUEUED,
+                                        party_pb2.JOB_STATE_RUNNING), (st.state, st.error)
+                if all(st.state == party_pb2.JOB_STATE_RUNNING and st.progress >= computing
+                       for st in states) and all(
+                        _engine_processes(s.state_dir) for s in dep.settings):
                     break
                 assert time.monotonic() - t_wait < 120
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # the engines connect to each other within it
             t0 = time.monotonic()
             await cluster.stop(victim, signal.SIGKILL)
             others = [i for i in range(n) if i != victim]
