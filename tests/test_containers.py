@@ -9,11 +9,16 @@ Three levels, each skipped with its reason when it cannot run here:
    they run as non-root and no layer holds a private key (docker save + scan).
 3. End to end (opt-in, PPFS_DOCKER_TESTS=1): builds the images offline
    (deploy/offline-build/build-images.sh: no registry), then for the 3PC compose and the
-   4PC overlay: make the secret folders, `up`, upload a data set, run Step 2A to success
-   (checked against the plaintext oracle), stop one party container mid-job (the job
-   fails naming that party within 60 s), start it again, and run a new job to success.
-   The 3PC gateway serves HTTP, the 4PC one HTTPS (a certificate from the deployment CA).
-   With PPFS_DOCKER_TESTS=1 the images are always rebuilt first (cached: about 1-2 min).
+   4PC overlay: make the secret folders, `up`, upload a data set, the owner's consent, run
+   Step 2A + 2B to success (the selection checked against the plaintext oracle, the model
+   zero outside it), stop one party container mid-job (the job fails naming that party
+   within 60 s), start it again, and run a new job to success. The 3PC gateway serves
+   HTTP, the 4PC one HTTPS (a certificate from the deployment CA). With PPFS_DOCKER_TESTS=1
+   the images are always rebuilt first (cached: about 1-2 min).
+   Where MP-SPDZ is usable on the host the party image carries a copy of it and the flows
+   run active-3pc / active-4pc on it; elsewhere (or with MPSPDZ_HOME=/nonexistent) the
+   party image is MPyC only (MPSPDZ_SOURCE=none) and the same flows run passive-3pc /
+   passive-4pc on MPyC, with smaller data sets (MPyC is ~100x slower on comparisons).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -172,14 +178,19 @@ COMPOSE_SETS = {
     "4pc": (["docker-compose.yml", "compose.4pc.yml"], ["alice", "bob", "carol", "dave"],
             "active-4pc"),
 }
+# MPyC images (no MP-SPDZ in the party image) run the passive settings only
+MPYC_SECURITY = {"3pc": "passive-3pc", "4pc": "passive-4pc"}
 
 
-@pytest.mark.parametrize("which", sorted(COMPOSE_SETS))
-def test_compose_config(which: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("which", "engine"), [(w, e) for w in sorted(COMPOSE_SETS)
+                                                for e in ("mp-spdz", "mpyc")])
+def test_compose_config(which: str, engine: str, tmp_path: Path) -> None:
     tools = _compose_tools()
     if not tools:
         pytest.skip("neither docker-compose nor `docker compose` is installed")
     files, parties, security = COMPOSE_SETS[which]
+    if engine == "mpyc":
+        security = MPYC_SECURITY[which]
     for name in [*parties, "gateway"]:
         (tmp_path / name).mkdir()
     env = {**os.environ, "PPFS_SECURITY": security, "PPFS_SECRETS_DIR": str(tmp_path)}
@@ -249,9 +260,17 @@ def images() -> tuple[str, str]:
     if reason:
         pytest.skip(reason)
     if E2E:
+        from ppfs.engines.registry import engine_unavailable_reason, mpspdz_home
+
+        # copy MP-SPDZ into the party image when it is usable here, else MPyC only
+        why = engine_unavailable_reason("mp-spdz")
+        source = "local" if why is None else "none"
+        env = {**os.environ, "MPSPDZ_SOURCE": source, "MPSPDZ_HOME": str(mpspdz_home())}
         t0 = time.monotonic()
-        _run([str(ROOT / "deploy" / "offline-build" / "build-images.sh")], timeout=3600)
-        print(f"\n[test_containers] offline image build: {time.monotonic() - t0:.0f} s")
+        _run([str(ROOT / "deploy" / "offline-build" / "build-images.sh")], timeout=3600,
+             env=env)
+        print(f"\n[test_containers] offline image build (MPSPDZ_SOURCE={source}"
+              f"{'' if why is None else f': {why}'}): {time.monotonic() - t0:.0f} s")
     missing = [r for r in (PARTY_IMAGE, GATEWAY_IMAGE) if not _image_exists(r)]
     if missing:
         pytest.skip(f"images {missing} not built: run deploy/offline-build/build-images.sh "
@@ -378,9 +397,10 @@ def _wait_healthy(base: list[str], services: list[str], env: dict[str, str],
 class _Service:
     """The analyst, data owner and admin of a running compose deployment."""
 
-    def __init__(self, secrets: Path, url: str, ca: Path | None = None) -> None:
+    def __init__(self, secrets: Path, url: str, engine: str, ca: Path | None = None) -> None:
         self.secrets = secrets
         self.url = url
+        self.engine = engine
         self.verify: bool | str = str(ca) if ca else True
         tokens = json.loads((secrets / "gateway" / "tokens.json").read_text())
         self.tokens = {e["subject"]: e["token"] for e in tokens}
@@ -426,7 +446,7 @@ class _Service:
                           Reveal.MODEL if training else Reveal.SELECTION)
         with self.client("analyst") as analyst:
             job = analyst.submit(self.keys("analyst"), [dataset_id], label=table.label_column,
-                                 k=k, security=security, engine="mp-spdz", training=training)
+                                 k=k, security=security, engine=self.engine, training=training)
         return str(job["id"])
 
     def job(self, job_id: str) -> dict:
@@ -461,6 +481,33 @@ class _Service:
             assert np.all(weights[:, unselected] == 0)
 
 
+def _image_engine(party_image: str) -> str:
+    """The engine the compose flow runs: MP-SPDZ when the party image carries it."""
+    source = _run(["docker", "image", "inspect", "-f",
+                   '{{index .Config.Labels "org.ppfs.mpspdz-source"}}', party_image]).stdout
+    return "mpyc" if source.strip() == "none" else "mp-spdz"
+
+
+@dataclass(frozen=True)
+class FlowShapes:
+    """The data sets of one engine's flow: a small job run to success, and a long one
+    (many small SGD steps) that is still running when a party container is stopped."""
+
+    small: tuple[int, int, int]  # rows, columns, k
+    training: dict
+    big: tuple[int, int, int]
+    long_training: dict
+
+
+SHAPES = {
+    "mp-spdz": FlowShapes((120, 8, 3), {"epochs": 2, "batch_size": 16, "learning_rate": 0.5},
+                          (3000, 40, 5), {"epochs": 30, "batch_size": 8, "learning_rate": 0.5}),
+    # MPyC is ~100x slower on comparisons: tiny shapes, still a job that outlasts the stop
+    "mpyc": FlowShapes((24, 6, 2), {"epochs": 1, "batch_size": 8, "learning_rate": 0.5},
+                       (100, 10, 2), {"epochs": 20, "batch_size": 4, "learning_rate": 0.5}),
+}
+
+
 def _free_port() -> int:
     import socket
 
@@ -474,12 +521,11 @@ def deployment(request: pytest.FixtureRequest, images: tuple[str, str],
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     if not E2E:
         pytest.skip("end-to-end container flow is opt-in: set PPFS_DOCKER_TESTS=1")
-    from ppfs.engines.registry import get_engine
-
-    if (why := get_engine("mp-spdz").unavailable_reason()) is not None:
-        pytest.skip(f"the compose flow runs MP-SPDZ parties, copied from the host: {why}")
     which = request.param
     files, parties, security = COMPOSE_SETS[which]
+    engine = _image_engine(images[0])
+    if engine == "mpyc":
+        security = MPYC_SECURITY[which]
     secrets = tmp_path_factory.mktemp(f"secrets-{which}")
     port = _free_port()
     # the 4PC deployment serves HTTPS (certificate from the deployment CA), the 3PC one HTTP
@@ -497,9 +543,10 @@ def deployment(request: pytest.FixtureRequest, images: tuple[str, str],
         t0 = time.monotonic()
         _run([*base, "up", "-d", "--no-build"], env=env, timeout=300)
         _wait_healthy(base, ["gateway", *parties], env)
-        print(f"\n[test_containers] {which} up and healthy in {time.monotonic() - t0:.0f} s")
+        print(f"\n[test_containers] {which} ({engine}, {security}) up and healthy in "
+              f"{time.monotonic() - t0:.0f} s")
         ca = secrets / "ca" / "ca.pem" if https else None
-        yield which, base, env, parties, security, _Service(secrets, url, ca)
+        yield which, base, env, parties, security, _Service(secrets, url, engine, ca)
     finally:
         logs = _run([*base, "logs", "--no-color", "--tail", "20"], env=env, check=False)
         print(logs.stdout[-6000:])  # shown by pytest only when the test fails
@@ -513,21 +560,23 @@ def deployment(request: pytest.FixtureRequest, images: tuple[str, str],
 @pytest.mark.parametrize("deployment", ["3pc", "4pc"], indirect=True)
 def test_compose_end_to_end(deployment: tuple) -> None:
     which, base, env, parties, security, svc = deployment
+    shapes = SHAPES[svc.engine]
     t_start = time.monotonic()
 
     # upload, a Step 2A + 2B job to success (the selection checked against the plaintext
     # oracle, the model zero outside it)
-    small, small_id = svc.upload(120, 8, seed=11)
-    svc.run_to_success(small, small_id, 3, security,
-                       training={"epochs": 2, "batch_size": 16, "learning_rate": 0.5})
+    rows, cols, k = shapes.small
+    small, small_id = svc.upload(rows, cols, seed=11)
+    svc.run_to_success(small, small_id, k, security, training=shapes.training)
+    t_small = time.monotonic() - t_start
 
     # a job long enough to be stopped mid-way; stop the last party's container
     victim = parties[-1] if which == "4pc" else "bob"
     victim_name = victim.capitalize()
-    big, big_id = svc.upload(3000, 40, seed=12)
+    rows, cols, big_k = shapes.big
+    big, big_id = svc.upload(rows, cols, seed=12)
     # many small SGD steps keep this job running long enough to stop a party mid-way
-    job_id = svc.submit(big, big_id, 5, security,
-                        training={"epochs": 30, "batch_size": 8, "learning_rate": 0.5})
+    job_id = svc.submit(big, big_id, big_k, security, training=shapes.long_training)
     svc.wait(job_id, 300, until=("running", "succeeded", "failed"))
     time.sleep(2)
     assert svc.job(job_id)["state"] == "running", "the job ended before a party was stopped"
@@ -543,5 +592,8 @@ def test_compose_end_to_end(deployment: tuple) -> None:
     # start it again: a new job succeeds
     _run([*base, "start", victim], env=env, timeout=60)
     _wait_healthy(base, [victim], env)
-    svc.run_to_success(small, small_id, 3, security)
-    print(f"\n[test_containers] {which} flow in {time.monotonic() - t_start:.0f} s")
+    t_again = time.monotonic()
+    svc.run_to_success(small, small_id, k, security)
+    print(f"\n[test_containers] {which} ({svc.engine}) flow in "
+          f"{time.monotonic() - t_start:.0f} s: first job {t_small:.0f} s, failed "
+          f"{took:.0f} s after the stop, job after the restart {time.monotonic() - t_again:.0f} s")
