@@ -307,8 +307,11 @@ class GatewayClient:
         combination: str = "horizontal",
         training: dict[str, Any] | None = None,
         mask_upload_id: str | None = None,
+        scorer: str = "ms-gini",
     ) -> dict[str, Any]:
-        """Submit a job; without ``mask_upload_id`` draw and upload fresh masks first."""
+        """Submit a job; without ``mask_upload_id`` draw and upload fresh masks first.
+
+        ``scorer``: ms-gini, pearson or chi2 (:class:`ppfs.scoring.Scorer`)."""
         if mask_upload_id is None:
             sets = [self.get_dataset(d) for d in dataset_ids]
             planned = plan(
@@ -332,6 +335,8 @@ class GatewayClient:
             "recipient_public_key": base64.b64encode(keys.box_public_key).decode(),
             "mask_upload_id": mask_upload_id,
         }
+        if scorer != "ms-gini":
+            body["scorer"] = scorer
         if training is not None:
             body["training"] = training
         return self.submit_job(body)

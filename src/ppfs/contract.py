@@ -2,7 +2,7 @@
 
 A :class:`JobContract` names everything a job computes on and everything it computes:
 the data sets and the exact uploads (id and manifest SHA-256) they consist of, how
-they are combined, the label, k, the security setting and engine, Step 2B's full
+they are combined, the label, k, the scorer, the security setting and engine, Step 2B's full
 parameters (fractional bits included), the recipient's key and mask upload, and the
 plan that follows from them (:func:`plan`: m, p, classes, outputs). It converts to
 and from the wire form (``ppfs.v1.JobDescription``); the SHA-256 of that form's
@@ -45,6 +45,7 @@ from ppfs.errors import (
     TimedOutError,
 )
 from ppfs.fixedpoint import FixedPoint
+from ppfs.scoring import SCORER_NAMES, Scorer
 from ppfs.step2a import Security, Step2AShape
 from ppfs.step2b import TrainParams
 from ppfs.v1 import party_pb2 as pb
@@ -242,11 +243,22 @@ def training_from_body(training: Mapping[str, Any] | None) -> TrainParams | None
 
 
 def service_shape(
-    m: int, p: int, n_classes: int, k: int, value_bits: int, train: TrainParams | None
+    m: int, p: int, n_classes: int, k: int, value_bits: int, train: TrainParams | None,
+    scorer: Scorer = Scorer.MS_GINI,
 ) -> Step2AShape:
     """The public shape of a service job. A service job never opens D' (the data
     owners' rows): the recipient gets only the selection and, with training, the model."""
-    return Step2AShape(m, p, n_classes, k, value_bits, reveal_reduced=False, train=train)
+    return Step2AShape(m, p, n_classes, k, value_bits, reveal_reduced=False, train=train,
+                       scorer=scorer)
+
+
+def parse_scorer(name: str) -> Scorer:
+    """A scorer by name (empty: MS-GINI); ParameterError naming the choices otherwise."""
+    try:
+        return Scorer(name or Scorer.MS_GINI.value)
+    except ValueError:
+        raise ParameterError(f"unknown scorer {name!r}; choose one of "
+                             f"{', '.join(SCORER_NAMES)}") from None
 
 
 @dataclass(frozen=True)
@@ -268,6 +280,7 @@ class JobContract:
     classes: int
     training: TrainParams | None = None
     peer_mpc_addresses: tuple[str, ...] = ()
+    scorer: Scorer = Scorer.MS_GINI
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -287,7 +300,8 @@ class JobContract:
     @property
     def shape(self) -> Step2AShape:
         fp = FixedPoint(frac_bits=self.frac_bits)
-        return service_shape(self.m, self.p, self.classes, self.k, fp.value_bits, self.training)
+        return service_shape(self.m, self.p, self.classes, self.k, fp.value_bits, self.training,
+                             self.scorer)
 
     @property
     def outputs(self) -> int:
@@ -324,6 +338,7 @@ class JobContract:
             ],
             m=self.m, p=self.p, classes=self.classes, outputs=self.outputs,
             contract_version=CONTRACT_VERSION,
+            scorer=self.scorer.value,
         )
         if self.training is not None:
             t = self.training
@@ -368,6 +383,7 @@ class JobContract:
             frac_bits=desc.frac_bits, recipient_public_key=desc.recipient_public_key,
             mask_upload_id=desc.mask_upload_id, m=desc.m, p=desc.p, classes=desc.classes,
             training=training, peer_mpc_addresses=tuple(desc.peer_mpc_addresses),
+            scorer=parse_scorer(desc.scorer),
         )
         if job.outputs != desc.outputs:
             raise ParameterError(

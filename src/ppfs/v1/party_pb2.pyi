@@ -177,7 +177,7 @@ class TrainingParameters(_message.Message):
     def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., seed: _Optional[int] = ..., frac_bits: _Optional[int] = ..., sigmoid: _Optional[str] = ..., weight_bits: _Optional[int] = ...) -> None: ...
 
 class JobDescription(_message.Message):
-    __slots__ = ("job_id", "dataset_ids", "combination", "label_column", "k", "security", "engine", "frac_bits", "training", "recipient_public_key", "mask_upload_id", "peer_mpc_addresses", "datasets", "m", "p", "classes", "outputs", "contract_version")
+    __slots__ = ("job_id", "dataset_ids", "combination", "label_column", "k", "security", "engine", "frac_bits", "training", "recipient_public_key", "mask_upload_id", "peer_mpc_addresses", "datasets", "m", "p", "classes", "outputs", "contract_version", "scorer")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_IDS_FIELD_NUMBER: _ClassVar[int]
     COMBINATION_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,7 @@ class JobDescription(_message.Message):
     CLASSES_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     CONTRACT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCORER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     dataset_ids: _containers.RepeatedScalarFieldContainer[str]
     combination: Combination
@@ -214,7 +215,8 @@ class JobDescription(_message.Message):
     classes: int
     outputs: int
     contract_version: int
-    def __init__(self, job_id: _Optional[str] = ..., dataset_ids: _Optional[_Iterable[str]] = ..., combination: _Optional[_Union[Combination, str]] = ..., label_column: _Optional[str] = ..., k: _Optional[int] = ..., security: _Optional[str] = ..., engine: _Optional[str] = ..., frac_bits: _Optional[int] = ..., training: _Optional[_Union[TrainingParameters, _Mapping]] = ..., recipient_public_key: _Optional[bytes] = ..., mask_upload_id: _Optional[str] = ..., peer_mpc_addresses: _Optional[_Iterable[str]] = ..., datasets: _Optional[_Iterable[_Union[PinnedDataset, _Mapping]]] = ..., m: _Optional[int] = ..., p: _Optional[int] = ..., classes: _Optional[int] = ..., outputs: _Optional[int] = ..., contract_version: _Optional[int] = ...) -> None: ...
+    scorer: str
+    def __init__(self, job_id: _Optional[str] = ..., dataset_ids: _Optional[_Iterable[str]] = ..., combination: _Optional[_Union[Combination, str]] = ..., label_column: _Optional[str] = ..., k: _Optional[int] = ..., security: _Optional[str] = ..., engine: _Optional[str] = ..., frac_bits: _Optional[int] = ..., training: _Optional[_Union[TrainingParameters, _Mapping]] = ..., recipient_public_key: _Optional[bytes] = ..., mask_upload_id: _Optional[str] = ..., peer_mpc_addresses: _Optional[_Iterable[str]] = ..., datasets: _Optional[_Iterable[_Union[PinnedDataset, _Mapping]]] = ..., m: _Optional[int] = ..., p: _Optional[int] = ..., classes: _Optional[int] = ..., outputs: _Optional[int] = ..., contract_version: _Optional[int] = ..., scorer: _Optional[str] = ...) -> None: ...
 
 class StartJobRequest(_message.Message):
     __slots__ = ("job", "description_sha256")
