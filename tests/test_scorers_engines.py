@@ -164,3 +164,27 @@ def test_mpyc_at_the_value_bound(scorer, tmp_path):
     idx = _run_raw(raw, y, shape, Security.PASSIVE_3PC, MpycEngine(timeout=600), tmp_path)
     assert idx.tolist() == mirror(raw, y, shape).selected.tolist()
     assert 1 not in idx.tolist()
+
+
+def test_select_cli_scorer(tmp_path, capsys):
+    """`ppfs select --scorer pearson --json` reports the scorer and its selection."""
+    import json
+
+    from ppfs import cli
+
+    table = _table(24, 4, 2, seed=3)
+    path = tmp_path / "d.csv"
+    rows = [",".join([*table.columns, "label"])]
+    rows += [",".join([*(repr(float(v)) for v in r), str(table.classes[c])])
+             for r, c in zip(table.x, table.y, strict=True)]
+    path.write_text("\n".join(rows) + "\n")
+    code = cli.main(["select", str(path), "--label", "label", "--k", "2", "--engine", "mpyc",
+                     "--scorer", "pearson", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scorer"] == "pearson"
+    expected = oracle.scorer_top_k("pearson", table.x, table.y, 2, 2)
+    assert out["selected"] == [table.columns[j] for j in expected]
+    with pytest.raises(SystemExit) as info:
+        cli.main(["select", str(path), "--label", "label", "--k", "2", "--scorer", "gini"])
+    assert info.value.code == 2
