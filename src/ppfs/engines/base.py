@@ -43,6 +43,7 @@ class PartyStats:
     exit_code: int | None
     seconds: float
     bytes_sent: int
+    rounds: int = 0  # communication rounds the engine reports (MP-SPDZ; 0 if unknown)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class EngineRun:
     parties: list[PartyStats] = field(default_factory=list)
     program_hash: str | None = None
     compile_seconds: float = 0.0  # compiling (or finding the cached program), not in seconds
+    rounds: int = 0  # the most communication rounds any party reports (0 if unknown)
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,7 @@ PROTOCOLS: dict[Security, Protocol] = {
 }
 
 _SENT_RE = re.compile(rb"^Data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
+_ROUNDS_RE = re.compile(rb"^Data sent = [0-9.eE+-]+ MB in ~([0-9]+) rounds", re.MULTILINE)
 _GLOBAL_RE = re.compile(rb"^Global data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
 
 
@@ -548,6 +549,7 @@ class MpSpdzEngine:
                 exit_code=p.proc.returncode,
                 seconds=(p.ended or time.perf_counter()) - p.started,
                 bytes_sent=_bytes_sent(bytes(p.err.kept)),
+                rounds=_rounds(bytes(p.err.kept)),
             )
             for p in parties
         ]
@@ -561,6 +563,7 @@ class MpSpdzEngine:
             parties=stats,
             program_hash=digest,
             compile_seconds=compile_seconds,
+            rounds=max(s.rounds for s in stats),
         )
 
     async def _launch(self, specs: Sequence[PartyRunSpec], name: str) -> list[_Party]:
@@ -777,6 +780,11 @@ def _bytes_sent(stderr: bytes) -> int:
         return int(float(m.group(1)) * 1e6)
     except ValueError:
         return 0
+
+
+def _rounds(stderr: bytes) -> int:
+    m = _ROUNDS_RE.search(stderr)
+    return int(m.group(1)) if m else 0
 
 
 def output_file(party_dir: Path, party: int) -> Path:

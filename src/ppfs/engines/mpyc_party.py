@@ -516,15 +516,17 @@ async def select_top_k(
 
     # 1. gt = [m*x - S > m] = [x > theta'] with theta' = floor((S + m) / m), the
     # division by the public m done by restoring long division over the p columns.
-    status.phase("mean-split thresholds")
-    offset = sh.threshold_offset
-    rem = x.sum(axis=0) + m + m * offset  # positive
-    quo = secint.array(np.zeros(p, dtype=object))
-    for t in reversed(range(sh.threshold_steps)):
-        ge = 1 - rt.np_sgn(rem - (m << t), l=sh.threshold_bits, LT=True)
-        rem = rem - ge * (m << t)
-        quo = quo + ge * (1 << t)
-    theta = secint.array(await rt.gather(quo - offset))
+    theta = None  # Pearson needs no split; Step 2B needs the centres
+    if sh.scorer is not Scorer.PEARSON or sh.train is not None:
+        status.phase("mean-split thresholds")
+        offset = sh.threshold_offset
+        rem = x.sum(axis=0) + m + m * offset  # positive
+        quo = secint.array(np.zeros(p, dtype=object))
+        for t in reversed(range(sh.threshold_steps)):
+            ge = 1 - rt.np_sgn(rem - (m << t), l=sh.threshold_bits, LT=True)
+            rem = rem - ge * (m << t)
+            quo = quo + ge * (1 << t)
+        theta = secint.array(await rt.gather(quo - offset))
 
     if sh.scorer is Scorer.PEARSON:
         status.phase("pearson sums and scores")
@@ -659,7 +661,8 @@ class _MpycOps:
 async def _pearson_q(rt: Any, secint: Any, sh: Step2AShape, x: Any, lab: Any) -> Any:
     """Pearson's q per column (ppfs.scoring.pearson_q) from exact secret sums."""
     m, p, n = sh.m, sh.p, sh.n_classes
-    h = _trunc(rt, x, scoring.DIGIT_BITS)  # any rounding: the sums below are exact
+    # any rounding: the sums below are exact; |x| < 2^(V-1)
+    h = rt.np_trunc(x, f=scoring.DIGIT_BITS, l=sh.value_bits + 1)
     low = x - h * (1 << scoring.DIGIT_BITS)
     parts = [(low * low).sum(axis=0), (h * low).sum(axis=0), (h * h).sum(axis=0)]
     s = x.sum(axis=0)
