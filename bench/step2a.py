@@ -65,6 +65,9 @@ def main() -> int:
     ap.add_argument("--datasets", default="CogLoad,LSVT,SPEED")
     ap.add_argument("--source", default="synthetic,real")
     ap.add_argument("--scorers", default="ms-gini")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the scorers of a row group this many times, alternating, "
+                    "and keep each one's fastest run (robust on a shared machine)")
     ap.add_argument("--write", type=Path, default=None)
     args = ap.parse_args()
     scorers = [Scorer(s) for s in args.scorers.split(",")]
@@ -90,10 +93,18 @@ def main() -> int:
             else:
                 table = make_table(ds.m, ds.p, seed=1)
             for sec in settings:
+                best: dict[Scorer, tuple] = {}
+                all_ok = {s: True for s in scorers}
+                for _ in range(args.repeat):
+                    for scorer in scorers:
+                        got = run_one(table, ds.k, sec, engine, scorer)
+                        all_ok[scorer] = all_ok[scorer] and got[4]
+                        if scorer not in best or got[1] < best[scorer][1]:
+                            best[scorer] = got
                 base = None
                 for scorer in scorers:
-                    wall, eng_s, comp_s, sent, ok, rounds = run_one(table, ds.k, sec, engine,
-                                                                    scorer)
+                    wall, eng_s, comp_s, sent, _, rounds = best[scorer]
+                    ok = all_ok[scorer]
                     if scorer is Scorer.MS_GINI:
                         base = eng_s
                     ratio = f"{eng_s / base:.2f}" if base else "-"
@@ -118,7 +129,8 @@ def main() -> int:
             "`run_select` call including encoding, sharing and key generation. Sent: total bytes "
             "sent by all parties. Rounds: communication rounds MP-SPDZ reports (party 0). "
             "x MS-GINI: MPC time over MS-GINI's for the same data and setting, measured in "
-            "the same run. '= mirror': selection and D' equal the plaintext "
+            "the same run (with --repeat, the scorers run alternately and each row keeps its "
+            "fastest run). '= mirror': selection and D' equal the plaintext "
             "fixed-point mirror. The paper's runtimes were measured on 3-4 VMs of 32 cores "
             "each, over a network.",
             "",
