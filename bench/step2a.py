@@ -120,7 +120,8 @@ def main() -> int:
         text = [
             "# Step 2A benchmark",
             "",
-            f"Machine: {machine_description()}. Engine: {engine}.",
+            f"Machine: {machine_description()}, shared with other developers' work while "
+            f"measuring. Engine: {engine}. Fastest of {args.repeat} run(s) per row.",
             "",
             "MPC time: from launching the parties until the last one exited (input, the integrity "
             "check in the active settings, all of Step 2A and the masked opening). Compile: "
