@@ -124,16 +124,17 @@ def test_mpspdz_matches_mirror_and_oracle(security, scorer, n_classes, cache_dir
 
 
 @needs_mpspdz
+@pytest.mark.parametrize("security", MPSPDZ_SETTINGS, ids=lambda s: s.value)
 @pytest.mark.parametrize("scorer", SCORERS, ids=lambda s: s.value)
 @pytest.mark.parametrize("n_classes", [2, 3])
-def test_mpspdz_at_the_overflow_bounds(scorer, n_classes, cache_dir, tmp_path):
-    """m = 2^20 - 1 rows of values at +-(2^31 - 1) (passive 3PC; the arithmetic is the
-    same in every setting)."""
+def test_mpspdz_at_the_overflow_bounds(security, scorer, n_classes, cache_dir, tmp_path):
+    """m = 2^20 - 1 rows of values at +-(2^31 - 1), where the limbs reach their widest
+    (63-bit shifts). About a minute each in the active settings."""
     m = (1 << 20) - 1
     raw, y = _bounds_data(m, n_classes)
     shape = Step2AShape(m, 3, n_classes, 2, reveal_reduced=False, scorer=scorer)
-    engine = MpSpdzEngine(mpspdz_home(), cache_dir=cache_dir, timeout=900)
-    idx = _run_raw(raw, y, shape, Security.PASSIVE_3PC, engine, tmp_path)
+    engine = MpSpdzEngine(mpspdz_home(), cache_dir=cache_dir, timeout=1800)
+    idx = _run_raw(raw, y, shape, security, engine, tmp_path)
     ref = mirror(raw, y, shape)
     assert idx.tolist() == ref.selected.tolist()
     exact = (oracle.pearson_exact if scorer is Scorer.PEARSON else oracle.chi2_exact)(
