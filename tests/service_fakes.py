@@ -375,8 +375,10 @@ class FakeCluster:
             onehot = next(lab for _, _, lab in per_ds if lab is not None)
         n_classes = onehot.shape[1] + 1
         y = np.where(onehot.sum(axis=1) == 0, n_classes - 1, onehot.argmax(axis=1))
-        train = JobContract.from_proto(desc).training
-        shape = service_shape(raw.shape[0], raw.shape[1], n_classes, desc.k, 32, train)
+        contract = JobContract.from_proto(desc)
+        train = contract.training
+        shape = service_shape(raw.shape[0], raw.shape[1], n_classes, desc.k, 32, train,
+                              contract.scorer)
         ref = mirror(raw, y, shape)
         words = self._matrix([desc.mask_upload_id], "mask")
         parts = [ref.selected]  # a service job never opens D'

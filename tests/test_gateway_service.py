@@ -18,6 +18,7 @@ from service_fakes import Stack, horizontal_setup, make_stack, owner_table, wait
 from ppfs import oracle
 from ppfs.fixedpoint import FixedPoint
 from ppfs.keycert import TrustAnchor
+from ppfs.scoring import Scorer
 from ppfs.step2a import Step2AShape, mirror
 from ppfs.synthetic import make_table
 
@@ -47,6 +48,31 @@ def test_horizontal_job_matches_oracle(stack: Stack) -> None:
     job = analyst.get_job(job["id"])
     assert [p["state"] for p in job["parties"]] == ["succeeded"] * 3
     assert job["m"] == t.m and job["p"] == t.p
+
+
+@pytest.mark.parametrize("scorer", [Scorer.PEARSON, Scorer.CHI2], ids=lambda s: s.value)
+def test_job_with_a_scorer(stack: Stack, scorer: Scorer) -> None:
+    """The REST field reaches the parties in the description and comes back in the job."""
+    t, ids, raw = horizontal_setup(stack)
+    analyst = stack.client("analyst-1")
+    keys = stack.keys["analyst-1"]
+    job = analyst.submit(keys, ids, label="label", k=3, engine="mpyc", scorer=scorer.value)
+    assert job["scorer"] == scorer.value
+    states = [ev["state"] for ev in analyst.events(job["id"])]
+    assert states[-1] == "succeeded", states
+    got = analyst.fetch_result(keys, job["id"])
+    ref = mirror(raw, t.y, Step2AShape(t.m, t.p, t.n_classes, 3, scorer=scorer))
+    assert got.indices.tolist() == ref.selected.tolist()
+    assert got.indices.tolist() == oracle.scorer_top_k(
+        scorer.value, raw.astype(np.float64) if scorer is Scorer.PEARSON else t.x, t.y,
+        t.n_classes, 3).tolist()
+    assert analyst.get_job(job["id"])["scorer"] == scorer.value
+    with pytest.raises(ApiError) as info:
+        analyst.submit_job({"dataset_ids": ids, "label_column": "label", "k": 3,
+                            "scorer": "mutual-information",
+                            "recipient_public_key": base64.b64encode(bytes(32)).decode(),
+                            "mask_upload_id": "x"})
+    assert info.value.status == 422
 
 
 def test_vertical_job_four_parties(tmp_path: Path) -> None:

@@ -36,18 +36,22 @@ from ppfs_party.testing import (
 from procs import processes_in
 
 from ppfs.contract import (
+    Combination,
     FailureKind,
     JobContract,
     JobState,
+    PinnedDataset,
+    PinnedUpload,
     description_sha256,
     failure_kind,
     service_shape,
 )
 from ppfs.engines.base import Engine
 from ppfs.engines.mpyc_engine import MpycEngine
-from ppfs.errors import SessionMismatchError
+from ppfs.errors import ParameterError, SessionMismatchError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.local import prepare_inputs
+from ppfs.scoring import Scorer
 from ppfs.step2a import Security, Step2AShape, draw_mask_words, mirror, unmask_all
 from ppfs.synthetic import make_table
 from ppfs.upload import Manifest
@@ -123,7 +127,7 @@ class World:
 
     def masks(self, shape: Step2AShape, upload_id: str, seed: int
               ) -> tuple[SealedUpload, np.ndarray]:
-        words = draw_mask_words(shape.outputs)
+        words = draw_mask_words(shape.outputs)  # OS CSPRNG; `seed` only names the upload
         rec = self.dep.owners["recipient"]
         return mask_upload(rec, self.box, words, dataset_id=f"m-{upload_id}",
                            upload_id=upload_id), words
@@ -133,11 +137,12 @@ class World:
             await self.stubs[i].PutUploadPart(upload_messages(up, i))
 
     def job(self, job_id: str, datasets: list[list[SealedUpload]], mask: SealedUpload,
-            k: int = 1, peers: list[str] | None = None) -> party_pb2.JobDescription:
+            k: int = 1, peers: list[str] | None = None,
+            scorer: Scorer = Scorer.MS_GINI) -> party_pb2.JobDescription:
         return describe_job(
             job_id, datasets, mask=mask, k=k, security="passive-3pc", engine="mpyc",
             recipient_public_key=bytes(self.recipient.public_key),
-            peers=peers or self.dep.peer_addresses(),
+            peers=peers or self.dep.peer_addresses(), scorer=scorer,
         )
 
     def shape(self) -> Step2AShape:
@@ -203,6 +208,49 @@ async def _check_result(w: World, desc: party_pb2.JobDescription, words: np.ndar
     shape = JobContract.from_proto(desc).shape
     out = unmask_all(parts[0], words, shape)
     np.testing.assert_array_equal(out.indices, mirror(w.raw, w.y, shape).selected)
+
+
+# ------------------------------------------------------------------ scorer
+
+
+def test_scorer_is_part_of_the_contract() -> None:
+    base = JobContract(
+        job_id="j", datasets=(PinnedDataset("ds", (PinnedUpload("u", "0" * 64, 30),)),),
+        combination=Combination.HORIZONTAL, label_column="y", k=2,
+        security=Security.PASSIVE_3PC, engine="mpyc", frac_bits=16,
+        recipient_public_key=bytes(32), mask_upload_id="m", m=30, p=5, classes=2)
+    digests = set()
+    for scorer in Scorer:
+        job = dataclasses.replace(base, scorer=scorer)
+        desc = job.to_proto()
+        assert desc.scorer == scorer.value
+        back = JobContract.from_proto(desc)
+        assert back == job and back.shape.scorer is scorer
+        digests.add(description_sha256(desc))
+    assert len(digests) == 3  # the description hash (and the session tag) binds the scorer
+    desc = base.to_proto()
+    desc.scorer = ""
+    assert JobContract.from_proto(desc).scorer is Scorer.MS_GINI
+    desc.scorer = "gini-impurity"
+    with pytest.raises(ParameterError, match="unknown scorer"):
+        JobContract.from_proto(desc)
+
+
+@pytest.mark.parametrize("scorer", [Scorer.PEARSON, Scorer.CHI2], ids=lambda s: s.value)
+def test_party_job_runs_the_scorer_it_states(tmp_path: Path, scorer: Scorer) -> None:
+    async def scenario(w: World) -> None:
+        shape = dataclasses.replace(w.shape(), scorer=scorer)
+        mask, words = w.masks(shape, "mask-1", 1)
+        await w.put(mask)
+        desc = w.job("job-s", [[w.data]], mask, scorer=scorer)
+        for s in w.stubs:
+            await s.StartJob(start_requests(desc))
+        states = await asyncio.gather(*(watch_to_end(s, "job-s") for s in w.stubs))
+        assert all(st.state == party_pb2.JOB_STATE_SUCCEEDED for st in states), states
+        assert JobContract.from_proto(desc).shape.scorer is scorer
+        await _check_result(w, desc, words)
+
+    _run(tmp_path, scenario)
 
 
 # ------------------------------------------------------------------ pinned inputs

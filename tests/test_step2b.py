@@ -26,6 +26,7 @@ from ppfs.engines.registry import mpspdz_home
 from ppfs.errors import InputDataError, ParameterError, RangeAbortError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.local import Selection, prepare_inputs, run_select
+from ppfs.scoring import Scorer
 from ppfs.step2a import Security, Step2AShape, mirror, unmask_all
 from ppfs.step2b import TrainParams
 from ppfs.synthetic import make_table
@@ -182,13 +183,13 @@ def test_cli_training_flags_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def _check_against_oracle(sel: Selection, table: LabelledTable, k: int,
-                          params: TrainParams) -> float:
+                          params: TrainParams, scorer: Scorer = Scorer.MS_GINI) -> float:
     """Weights and intercepts of the secure run vs the oracle; returns the largest
     weight difference in standardised units."""
     fp = sel.fixed_point
     raw, _ = _encoded(table, fp)
     ref2a = mirror(raw, table.y, Step2AShape(table.m, table.p, table.n_classes, k,
-                                             fp.value_bits))
+                                             fp.value_bits, scorer=scorer))
     np.testing.assert_array_equal(sel.indices, ref2a.selected)
     ref = step2b.mirror(raw[:, sel.indices], table.y, table.n_classes, fp.value_bits, params)
     assert sel.model_words is not None and sel.model is not None
@@ -225,6 +226,31 @@ def test_mpspdz_training_matches_oracle(security: Security, n_classes: int,
     assert sel.reduced_raw.shape == (80, 3)
     _check_against_oracle(sel, table, 3, params)
     assert sel.model is not None and sel.model.accuracy(table.x, table.y) > 0.5
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+@pytest.mark.parametrize("scorer", [Scorer.PEARSON, Scorer.CHI2], ids=lambda s: s.value)
+def test_mpspdz_training_after_another_scorer(scorer: Scorer, tmp_path: Path,
+                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Step 2B trains on the features the chosen scorer selected (Pearson computes the
+    centres for training although its score needs no mean split)."""
+    table = make_table(80, 8, n_classes=3, seed=3)
+    params = TrainParams(epochs=3, batch=16, lr=0.5, seed=1)
+    engine = MpSpdzEngine(mpspdz_home(), cache_dir=tmp_path_factory.getbasetemp() / "cache",
+                          timeout=300)
+    sel = asyncio.run(run_select(table, 3, Security.PASSIVE_3PC, engine, tmp_path,
+                                 train=params, scorer=scorer))
+    _check_against_oracle(sel, table, 3, params, scorer)
+
+
+@pytest.mark.parametrize("scorer", [Scorer.PEARSON, Scorer.CHI2], ids=lambda s: s.value)
+def test_mpyc_training_after_another_scorer(scorer: Scorer, tmp_path: Path) -> None:
+    table = make_table(24, 4, seed=2)
+    params = TrainParams(epochs=1, batch=12, lr=0.5, seed=1)
+    sel = asyncio.run(run_select(table, 2, Security.PASSIVE_3PC, MpycEngine(timeout=600),
+                                 tmp_path, train=params, scorer=scorer))
+    _check_against_oracle(sel, table, 2, params, scorer)
 
 
 @needs_mpspdz

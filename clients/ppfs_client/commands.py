@@ -25,6 +25,7 @@ from ppfs.contract import Reveal
 from ppfs.errors import InputDataError, ParameterError, PpfsError
 from ppfs.jobflags import (
     ENGINE_PREFERENCE,
+    add_scorer_flag,
     add_training_flags,
     best_engine,
     train_params_from_flags,
@@ -143,6 +144,7 @@ def add_commands(sub: Any) -> None:
     sj.add_argument(
         "--mask-upload", metavar="UPLOAD_ID", help="masks made before (default: make them now)"
     )
+    add_scorer_flag(sj)
     add_training_flags(sj)
     sj.add_argument("--watch", action="store_true", help="then watch it to the end")
     _conn_args(sj)
@@ -460,6 +462,7 @@ def _jobs_submit(args: argparse.Namespace) -> int:
             combination=args.combination,
             training=training,
             mask_upload_id=args.mask_upload,
+            scorer=args.scorer,
         )
         if not args.watch:
             _out(args, job, job["id"])

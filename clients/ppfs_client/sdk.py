@@ -390,9 +390,12 @@ class GatewayClient:
         combination: str = "horizontal",
         training: dict[str, Any] | None = None,
         mask_upload_id: str | None = None,
+        scorer: str = "ms-gini",
     ) -> dict[str, Any]:
         """Submit a job; without ``mask_upload_id`` draw and upload fresh masks first. On
-        data sets this key's subject owns, its consent to itself is given first."""
+        data sets this key's subject owns, its consent to itself is given first.
+
+        ``scorer``: ms-gini, pearson or chi2 (:class:`ppfs.scoring.Scorer`)."""
         # the parties' keys are checked before anything is signed, sealed or uploaded
         dep = self.deployment() if mask_upload_id is None else None
         body: dict[str, Any] = {
@@ -404,6 +407,8 @@ class GatewayClient:
             "engine": engine,
             "recipient_public_key": base64.b64encode(keys.box_public_key).decode(),
         }
+        if scorer != "ms-gini":
+            body["scorer"] = scorer
         if training is not None:
             body["training"] = training
         count = 0

@@ -41,8 +41,9 @@ from ppfs.errors import (
     RangeAbortError,
 )
 from ppfs.fixedpoint import FixedPoint
-from ppfs.jobflags import add_training_flags, train_params_from_flags
+from ppfs.jobflags import add_scorer_flag, add_training_flags, train_params_from_flags
 from ppfs.local import Selection, run_select
+from ppfs.scoring import Scorer
 from ppfs.step2a import Security, Step2AShape
 from ppfs.step2b import TrainParams
 from ppfs.table import LabelledTable, read_csv
@@ -141,6 +142,7 @@ def _job_args(
         "/opt/mp-spdz, else installed by `ppfs engine install mp-spdz`), else mpyc",
     )
     p.add_argument("--frac-bits", type=int, default=16, help="fixed-point fractional bits f")
+    add_scorer_flag(p)
     p.add_argument(
         "--out",
         type=Path,
@@ -254,8 +256,9 @@ def _select(args: argparse.Namespace, table: LabelledTable, source: str = "input
     train = _train_params(args)
     reveal_reduced = not args.no_reduced
     # validates k, the shape and the training parameters
+    scorer = Scorer(args.scorer)
     Step2AShape(table.m, table.p, table.n_classes, args.k, fp.value_bits,
-                reveal_reduced=reveal_reduced, train=train)
+                reveal_reduced=reveal_reduced, train=train, scorer=scorer)
     if args.out is not None and not reveal_reduced:
         raise ParameterError("--out needs D', which --no-reduced keeps inside MPC")
     engine = _resolve_engine(args.engine, security)
@@ -270,7 +273,8 @@ def _select(args: argparse.Namespace, table: LabelledTable, source: str = "input
         with _ProgressDisplay(enabled=sys.stderr.isatty() and not args.json) as show:
             selection = asyncio.run(
                 run_select(table, args.k, security, engine, workdir, fixed_point=fp,
-                           progress=show, train=train, reveal_reduced=reveal_reduced)
+                           progress=show, train=train, reveal_reduced=reveal_reduced,
+                           scorer=scorer)
             )
     except (InputDataError, RangeAbortError) as exc:
         # data out of the range the encoding carries: refused by the owner's side
@@ -308,6 +312,7 @@ def _report(args: argparse.Namespace, sel: Selection, seconds: float,
         out: dict[str, Any] = {
             "selected": sel.columns,
             "k": sel.shape.k,
+            "scorer": sel.shape.scorer.value,
             "security": sel.security.value,
             "engine": sel.run.engine,
             "parties": sel.security.parties,
@@ -332,7 +337,8 @@ def _report(args: argparse.Namespace, sel: Selection, seconds: float,
             out["train_accuracy"] = accuracy
         print(json.dumps(out))
         return
-    print(f"selected {sel.shape.k} of {sel.shape.p} features (best first):")
+    print(f"selected {sel.shape.k} of {sel.shape.p} features by {sel.shape.scorer.value} "
+          "(best first):")
     for rank, name in enumerate(sel.columns, start=1):
         print(f"  {rank:3d}. {name}")
     mb = sel.run.bytes_sent / 1e6

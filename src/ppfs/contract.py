@@ -2,7 +2,7 @@
 
 A :class:`JobContract` names everything a job computes on and everything it computes:
 the data sets and the exact uploads (id and manifest SHA-256) they consist of, how
-they are combined, the label, k, the security setting and engine, Step 2B's full
+they are combined, the label, k, the scorer, the security setting and engine, Step 2B's full
 parameters (fractional bits included), the recipient's key and mask upload, and the
 plan that follows from them (:func:`plan`: m, p, classes, outputs). It converts to
 and from the wire form (``ppfs.v1.JobDescription``); the SHA-256 of that form's
@@ -59,11 +59,12 @@ from ppfs.errors import (
     TimedOutError,
 )
 from ppfs.fixedpoint import FixedPoint
+from ppfs.scoring import SCORER_NAMES, Scorer
 from ppfs.step2a import Security, Step2AShape
 from ppfs.step2b import TrainParams
 from ppfs.v1 import party_pb2 as pb
 
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2  # 2: owner consents, the recipient and the scorer
 CONSENT_PURPOSE = "ppfs consent v1"
 RESULT_PURPOSE = "ppfs result v1"
 ENGINES = ("mp-spdz", "mpyc")
@@ -268,11 +269,22 @@ def training_from_body(training: Mapping[str, Any] | None) -> TrainParams | None
 
 
 def service_shape(
-    m: int, p: int, n_classes: int, k: int, value_bits: int, train: TrainParams | None
+    m: int, p: int, n_classes: int, k: int, value_bits: int, train: TrainParams | None,
+    scorer: Scorer = Scorer.MS_GINI,
 ) -> Step2AShape:
     """The public shape of a service job. A service job never opens D' (the data
     owners' rows): the recipient gets only the selection and, with training, the model."""
-    return Step2AShape(m, p, n_classes, k, value_bits, reveal_reduced=False, train=train)
+    return Step2AShape(m, p, n_classes, k, value_bits, reveal_reduced=False, train=train,
+                       scorer=scorer)
+
+
+def parse_scorer(name: str) -> Scorer:
+    """A scorer by name (empty: MS-GINI); ParameterError naming the choices otherwise."""
+    try:
+        return Scorer(name or Scorer.MS_GINI.value)
+    except ValueError:
+        raise ParameterError(f"unknown scorer {name!r}; choose one of "
+                             f"{', '.join(SCORER_NAMES)}") from None
 
 
 class Reveal(enum.StrEnum):
@@ -413,6 +425,7 @@ class JobContract:
     peer_mpc_addresses: tuple[str, ...] = ()
     consents: tuple[SignedConsent, ...] = ()
     recipient: str = ""  # the recipient's subject
+    scorer: Scorer = Scorer.MS_GINI
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -432,7 +445,8 @@ class JobContract:
     @property
     def shape(self) -> Step2AShape:
         fp = FixedPoint(frac_bits=self.frac_bits)
-        return service_shape(self.m, self.p, self.classes, self.k, fp.value_bits, self.training)
+        return service_shape(self.m, self.p, self.classes, self.k, fp.value_bits, self.training,
+                             self.scorer)
 
     @property
     def outputs(self) -> int:
@@ -472,6 +486,7 @@ class JobContract:
             consents=[pb.OwnerConsent(statement=c.statement, signature=c.signature)
                       for c in self.consents],
             recipient=self.recipient,
+            scorer=self.scorer.value,
         )
         if self.training is not None:
             t = self.training
@@ -518,6 +533,7 @@ class JobContract:
             training=training, peer_mpc_addresses=tuple(desc.peer_mpc_addresses),
             consents=tuple(SignedConsent(c.statement, c.signature) for c in desc.consents),
             recipient=desc.recipient,
+            scorer=parse_scorer(desc.scorer),
         )
         if job.outputs != desc.outputs:
             raise ParameterError(

@@ -36,6 +36,19 @@ def best_engine(offered: Iterable[Iterable[str]], security: str | None = None) -
     return None
 
 
+SCORER_HELP = (
+    "how features are scored inside MPC: ms-gini (mean-split Gini, the default), "
+    "pearson (squared Pearson correlation with the label; one-vs-rest summed over "
+    "classes beyond two), chi2 (Pearson's chi-squared of the mean split against the label)"
+)
+
+
+def add_scorer_flag(p: argparse.ArgumentParser) -> None:
+    from ppfs.scoring import SCORER_NAMES
+
+    p.add_argument("--scorer", choices=SCORER_NAMES, default="ms-gini", help=SCORER_HELP)
+
+
 def add_training_flags(p: argparse.ArgumentParser) -> None:
     d = TrainParams()
     tr = p.add_argument_group(

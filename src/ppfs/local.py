@@ -18,6 +18,7 @@ import numpy as np
 from ppfs.engines.base import PARTY_NAMES, Engine, EngineRun, Progress, Step2AInputs
 from ppfs.errors import EngineError, EngineUnavailableError
 from ppfs.fixedpoint import FixedPoint
+from ppfs.scoring import Scorer
 from ppfs.sharing import bundles_for_all
 from ppfs.step2a import Security, Step2AShape, draw_mask_words, unmask_all
 from ppfs.step2b import (
@@ -64,10 +65,11 @@ def prepare_inputs(
     fixed_point: FixedPoint | None = None,
     train: TrainParams | None = None,
     reveal_reduced: bool = True,
+    scorer: Scorer = Scorer.MS_GINI,
 ) -> PreparedInputs:
     fp = fixed_point or FixedPoint()
     shape = Step2AShape(table.m, table.p, table.n_classes, k, fp.value_bits,
-                        reveal_reduced=reveal_reduced, train=train)
+                        reveal_reduced=reveal_reduced, train=train, scorer=scorer)
     exps = fp.choose_exponents(table.x, table.columns)
     raw = fp.encode(table.x, exps, table.columns)
     words = draw_mask_words(shape.outputs)
@@ -102,6 +104,7 @@ async def run_select(
     train: TrainParams | None = None,
     reveal_reduced: bool = True,
     refuse_out_of_range: bool = True,
+    scorer: Scorer = Scorer.MS_GINI,
 ) -> Selection:
     """Step 2A (and Step 2B with ``train``) on local parties; unmask for the recipient.
 
@@ -122,7 +125,7 @@ async def run_select(
     if progress:
         progress("encoding and secret-sharing the data")
     prepared = prepare_inputs(table, k, security, workdir, fixed_point=fp,
-                              train=train, reveal_reduced=reveal_reduced)
+                              train=train, reveal_reduced=reveal_reduced, scorer=scorer)
     run = await engine.run_step2a(prepared.inputs, workdir, progress)
     shape = prepared.inputs.shape
     out = unmask_all(run.opened, prepared.mask_words, shape)

@@ -131,3 +131,77 @@ def mutual_information(x: np.ndarray, y: np.ndarray, n_classes: int, bins: int =
         nz = joint > 0
         out[j] = (joint[nz] * np.log(joint[nz] / (px[:, None] * py[None, :])[nz])).sum()
     return out
+
+
+def _exact_ints(col: np.ndarray) -> list[int]:
+    """A float column as integers, all scaled by one power of two (exact)."""
+    ratios = [float(v).as_integer_ratio() for v in col]
+    shift = max(d.bit_length() - 1 for _, d in ratios)
+    return [n << (shift - (d.bit_length() - 1)) for n, d in ratios]
+
+
+def pearson_classes(n_classes: int) -> list[int]:
+    """Classes whose one-vs-rest r^2 is summed: class 0 alone for two classes (the
+    label as 0/1), every class otherwise."""
+    return [0] if n_classes == 2 else list(range(n_classes))
+
+
+def pearson_exact(x: np.ndarray, y: np.ndarray, n_classes: int) -> list[Fraction]:
+    """Pearson score per column as exact rationals: sum over one-vs-rest classes of
+    r_c^2 (:func:`pearson_classes`); -1 for a constant column (ranks last)."""
+    m = x.shape[0]
+    y = np.asarray(y)
+    out = []
+    for j in range(x.shape[1]):
+        v = _exact_ints(x[:, j])
+        s = sum(v)
+        vx = m * sum(t * t for t in v) - s * s
+        if vx == 0:
+            out.append(Fraction(-1))
+            continue
+        score = Fraction(0)
+        for c in pearson_classes(n_classes):
+            ind = y == c
+            n = int(ind.sum())
+            vy = n * (m - n)
+            if vy == 0:
+                continue
+            t = sum(val for val, i in zip(v, ind, strict=True) if i)
+            score += Fraction((m * t - s * n) ** 2, vx * vy)
+        out.append(score)
+    return out
+
+
+def chi2_exact(x: np.ndarray, y: np.ndarray, n_classes: int) -> list[Fraction]:
+    """Pearson's chi-squared of the mean split's 2 x n table, divided by m, as exact
+    rationals; -1 for a constant column (no split; ranks last)."""
+    m = x.shape[0]
+    gt = _mean_split(x)
+    y = np.asarray(y)
+    out = []
+    for j in range(x.shape[1]):
+        below = ~gt[:, j]
+        a = int(below.sum())
+        b = m - a
+        if b == 0:
+            out.append(Fraction(-1))
+            continue
+        score = Fraction(0)
+        for c in range(n_classes):
+            n = int((y == c).sum())
+            if n == 0:
+                continue
+            a_c = int((below & (y == c)).sum())
+            score += Fraction((m * a_c - a * n) ** 2, m * a * b * n)
+        out.append(score)
+    return out
+
+
+def scorer_top_k(scorer: str, x: np.ndarray, y: np.ndarray, n_classes: int, k: int) -> np.ndarray:
+    """The k best columns by ``scorer`` (ms-gini, pearson, chi2), best first, exact
+    ties to the lower index."""
+    if scorer == "ms-gini":
+        return ms_gini_top_k(x, y, n_classes, k)
+    scores = (pearson_exact if scorer == "pearson" else chi2_exact)(x, y, n_classes)
+    return np.array(sorted(range(len(scores)), key=lambda j: (-scores[j], j))[:k],
+                    dtype=np.int64)

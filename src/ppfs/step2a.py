@@ -42,7 +42,9 @@ from typing import Any
 
 import numpy as np
 
+from ppfs import scoring
 from ppfs.errors import ParameterError
+from ppfs.scoring import Scorer
 from ppfs.sharing import Scheme, random_words
 from ppfs.step2b import TrainConstants, TrainParams, model_outputs
 from ppfs.step2b import check_shape as check_train_shape
@@ -119,6 +121,7 @@ class Step2AShape:
     value_bits: int = 32
     reveal_reduced: bool = True
     train: TrainParams | None = field(default=None)
+    scorer: Scorer = Scorer.MS_GINI
 
     def __post_init__(self) -> None:
         if self.m < 2:
@@ -214,14 +217,16 @@ class Step2AShape:
         """JSON-ready form (job files); :meth:`from_dict` reads it back."""
         return {"m": self.m, "p": self.p, "n_classes": self.n_classes, "k": self.k,
                 "value_bits": self.value_bits, "reveal_reduced": self.reveal_reduced,
-                "train": self.train.to_dict() if self.train is not None else None}
+                "train": self.train.to_dict() if self.train is not None else None,
+                "scorer": self.scorer.value}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Step2AShape:
         train = d.get("train")
         return cls(int(d["m"]), int(d["p"]), int(d["n_classes"]), int(d["k"]),
                    int(d.get("value_bits", 32)), bool(d.get("reveal_reduced", True)),
-                   TrainParams.from_dict(train) if train else None)
+                   TrainParams.from_dict(train) if train else None,
+                   Scorer(d.get("scorer", Scorer.MS_GINI.value)))
 
 
 @dataclass(frozen=True)
@@ -238,8 +243,10 @@ def mirror(raw: np.ndarray, y: np.ndarray, shape: Step2AShape) -> Step2AReferenc
     col_sum = d.sum(axis=0)
     gt = (m * d - col_sum[None, :]) > m
     q: list[int] = []
+    if shape.scorer is not Scorer.MS_GINI:
+        q = scorer_q(d, gt, np.asarray(y), shape)
     F = shape.score_frac_bits
-    for j in range(p):
+    for j in range(p if shape.scorer is Scorer.MS_GINI else 0):
         above = gt[:, j]
         b = int(above.sum())
         a = m - b
@@ -253,6 +260,38 @@ def mirror(raw: np.ndarray, y: np.ndarray, shape: Step2AShape) -> Step2AReferenc
     order = sorted(range(p), key=lambda j: (-q[j], j))[: shape.k]
     sel = np.array(order, dtype=np.int64)
     return Step2AReference(q=q, selected=sel, reduced=raw[:, sel].astype(np.int64))
+
+
+def pearson_classes(n_classes: int) -> int:
+    """Classes whose one-vs-rest r^2 is summed: class 0 alone for two classes."""
+    return 1 if n_classes == 2 else n_classes
+
+
+def scorer_q(d: np.ndarray, gt: np.ndarray, y: np.ndarray, shape: Step2AShape) -> list[int]:
+    """Pearson's or chi-squared's q per column (:mod:`ppfs.scoring`) in the clear."""
+    m, p = d.shape
+    ops = scoring.PlainOps()
+    if shape.scorer is Scorer.PEARSON:
+        classes = range(pearson_classes(shape.n_classes))
+        h = d >> scoring.DIGIT_BITS
+        low = d - h * (1 << scoring.DIGIT_BITS)
+        parts = [(low * low).sum(axis=0), (h * low).sum(axis=0), (h * h).sum(axis=0)]
+        ind = [(y == c).astype(object) * 1 for c in classes]
+        t = np.concatenate([(d * yc[:, None]).sum(axis=0) for yc in ind])
+        n = np.concatenate([np.full(p, int(yc.sum()), dtype=object) for yc in ind])
+        c = len(ind)
+        tile = [np.concatenate([v] * c) for v in (d.sum(axis=0), *parts)]
+        q = scoring.pearson_q(ops, m, shape.value_bits, tile[0], (tile[1], tile[2], tile[3]),
+                              t, n, np.zeros(c * p, dtype=object))
+    else:
+        c = shape.n_classes
+        below = ~gt
+        a_c = np.concatenate([(below & (y == k)[:, None]).sum(axis=0).astype(object)
+                              for k in range(c)])
+        a = np.concatenate([below.sum(axis=0).astype(object)] * c)
+        n = np.concatenate([np.full(p, int((y == k).sum()), dtype=object) for k in range(c)])
+        q = scoring.chi2_q(ops, m, a_c, a, n, np.zeros(c * p, dtype=object))
+    return [int(v) for v in np.asarray(q, dtype=object).reshape(c, p).sum(axis=0)]
 
 
 def mask_values(words: np.ndarray) -> np.ndarray:

@@ -33,6 +33,7 @@ from ppfs.contract import (
     Reveal,
     SignedConsent,
     description_sha256,
+    parse_scorer,
     plan,
     training_from_body,
 )
@@ -72,6 +73,7 @@ class JobSpec:
     recipient_public_key: bytes
     mask_upload_id: str
     training: dict[str, Any] | None = None
+    scorer: str = "ms-gini"
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,7 @@ def plan_job(
         frac_bits=planned.frac_bits, recipient_public_key=spec.recipient_public_key,
         mask_upload_id=spec.mask_upload_id, m=planned.m, p=planned.p,
         classes=len(planned.classes), training=training,
+        scorer=parse_scorer(spec.scorer),
         peer_mpc_addresses=tuple(f"{i.mpc_host}:{mpc_port(i, sequence)}" for i in identities),
         consents=tuple(consents), recipient=who.subject,
     )
@@ -266,6 +269,7 @@ class JobCoordinator:
             "k": spec.k,
             "security": spec.security,
             "engine": spec.engine,
+            "scorer": spec.scorer,
             "training": spec.training,
             "mask_upload_id": spec.mask_upload_id,
             "m": plan.shape.m,

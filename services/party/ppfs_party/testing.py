@@ -40,6 +40,7 @@ from ppfs.contract import (
 )
 from ppfs.durable import free_ports
 from ppfs.pki import CertificateAuthority
+from ppfs.scoring import Scorer
 from ppfs.sharing import Scheme, ShareBundle, bundles_for_all
 from ppfs.step2a import Security
 from ppfs.step2b import TrainParams
@@ -272,6 +273,7 @@ def describe_job(
     k: int, security: str, engine: str, recipient_public_key: bytes, peers: Sequence[str],
     combination: str = "horizontal", train: TrainParams | None = None,
     consents: Sequence[SignedConsent] | None = None, recipient: str | None = None,
+    scorer: Scorer = Scorer.MS_GINI,
 ) -> party_pb2.JobDescription:
     """The description a gateway would send: each data set pinned to exactly these
     uploads (in this order), planned from their manifests (ppfs.contract.plan). The
@@ -303,7 +305,7 @@ def describe_job(
         frac_bits=planned.frac_bits, recipient_public_key=recipient_public_key,
         mask_upload_id=mask.upload_id, m=planned.m, p=planned.p, classes=len(planned.classes),
         training=train, peer_mpc_addresses=tuple(peers), consents=tuple(consents),
-        recipient=recipient,
+        recipient=recipient, scorer=scorer,
     ).to_proto()
 
 

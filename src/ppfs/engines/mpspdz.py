@@ -84,6 +84,7 @@ from ppfs.errors import (
     TimedOutError,
 )
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
+from ppfs.scoring import Scorer
 from ppfs.sharing import ShareBundle
 from ppfs.step2a import Security, Step2AShape, party_input_order
 
@@ -117,8 +118,8 @@ PROTOCOLS: dict[Security, Protocol] = {
 }
 
 _SENT_RE = re.compile(rb"^Data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
-_GLOBAL_RE = re.compile(rb"^Global data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
 _ROUNDS_RE = re.compile(rb"^Data sent = [0-9.eE+-]+ MB in ~([0-9]+) rounds", re.MULTILINE)
+_GLOBAL_RE = re.compile(rb"^Global data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
 
 Address = tuple[str, int]
 # (party, every party's MPC address) -> the addresses that party dials (own one unchanged)
@@ -139,6 +140,11 @@ def program_source() -> bytes:
     return ref.read_bytes()
 
 
+def scoring_source() -> bytes:
+    """ppfs/scoring.py, which the program imports at compile time: part of the cache key."""
+    return resources.files("ppfs").joinpath("scoring.py").read_bytes()
+
+
 def compile_args(shape: Step2AShape, security: Security) -> list[str]:
     """Compile-time arguments: the security setting, the shape and its bit lengths."""
     if security not in PROTOCOLS:
@@ -155,6 +161,8 @@ def compile_args(shape: Step2AShape, security: Security) -> list[str]:
         str(shape.threshold_steps),
         str(shape.threshold_bits),
         *shape.train_args(),  # Step 2B (ppfs.step2b), only when D' is withheld or trained
+        # the scorer, last and only when not MS-GINI (MS-GINI programs keep their names)
+        *([shape.scorer.value] if shape.scorer is not Scorer.MS_GINI else []),
     ]
 
 
@@ -389,7 +397,7 @@ class MpSpdzEngine:
         source = program_source()
         key = hashlib.sha256(
             b"\0".join(
-                [CACHE_LAYOUT, source, protocol.compile_flag.encode(),
+                [CACHE_LAYOUT, source, scoring_source(), protocol.compile_flag.encode(),
                  *(f.encode() for f in COMPILE_FLAGS),
                  *(a.encode() for a in args),
                  _compiler_fingerprint(self.home).encode()]
@@ -577,6 +585,7 @@ class MpSpdzEngine:
             parties=stats,
             program_hash=digest,
             compile_seconds=compile_seconds,
+            rounds=max(s.rounds for s in stats),
         )
 
     async def _launch(self, specs: Sequence[PartyRunSpec], name: str) -> list[_Party]:

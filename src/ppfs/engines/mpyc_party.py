@@ -56,11 +56,19 @@ from typing import Any
 
 import numpy as np
 
-from ppfs import step2b
+from ppfs import scoring, step2b
 from ppfs.durable import write_durable
 from ppfs.errors import PpfsError, ShareFormatError
+from ppfs.scoring import Scorer
 from ppfs.sharing import Scheme, ShareBundle
-from ppfs.step2a import MASK_WORD_BITS, RING_BITS, Security, Step2AShape, bitlen
+from ppfs.step2a import (
+    MASK_WORD_BITS,
+    RING_BITS,
+    Security,
+    Step2AShape,
+    bitlen,
+    pearson_classes,
+)
 
 log = logging.getLogger("ppfs.mpyc_party")
 
@@ -508,59 +516,23 @@ async def select_top_k(
 
     # 1. gt = [m*x - S > m] = [x > theta'] with theta' = floor((S + m) / m), the
     # division by the public m done by restoring long division over the p columns.
-    status.phase("mean-split thresholds")
-    offset = sh.threshold_offset
-    rem = x.sum(axis=0) + m + m * offset  # positive
-    quo = secint.array(np.zeros(p, dtype=object))
-    for t in reversed(range(sh.threshold_steps)):
-        ge = 1 - rt.np_sgn(rem - (m << t), l=sh.threshold_bits, LT=True)
-        rem = rem - ge * (m << t)
-        quo = quo + ge * (1 << t)
-    theta = secint.array(await rt.gather(quo - offset))
+    theta = None  # Pearson needs no split; Step 2B needs the centres
+    if sh.scorer is not Scorer.PEARSON or sh.train is not None:
+        status.phase("mean-split thresholds")
+        offset = sh.threshold_offset
+        rem = x.sum(axis=0) + m + m * offset  # positive
+        quo = secint.array(np.zeros(p, dtype=object))
+        for t in reversed(range(sh.threshold_steps)):
+            ge = 1 - rt.np_sgn(rem - (m << t), l=sh.threshold_bits, LT=True)
+            rem = rem - ge * (m << t)
+            quo = quo + ge * (1 << t)
+        theta = secint.array(await rt.gather(quo - offset))
 
-    status.phase("mean-split comparisons")
-    diff = (theta.reshape(1, p) - x).reshape(-1)  # < 0 exactly where x > theta'
-    parts = []
-    step = _batch(job.chunk, sh.split_bits)
-    for lo in range(0, m * p, step):
-        gt = rt.np_sgn(diff[lo : lo + step], l=sh.split_bits, LT=True)
-        parts.append(secint.array(await rt.gather(gt)))
-    del diff
-    gt_all = (parts[0] if len(parts) == 1 else rt.np_concatenate(parts)).reshape(m, p)
-
-    # 2. Class counts: n-1 classes by products, the n-th from a and b.
-    status.phase("class counts and scores")
-    b = gt_all.sum(axis=0)
-    a = m - b
-    above = lab.T @ gt_all  # (n-1, p)
-    below = lab.sum(axis=0).reshape(n - 1, 1) - above
-    above_n = b - above.sum(axis=0)
-    below_n = a - below.sum(axis=0)
-    bb = (above * above).sum(axis=0) + above_n * above_n
-    aa = (below * below).sum(axis=0) + below_n * below_n
-
-    # 3. Q = N/D with N = AA*b + BB*a, D = a*b; a constant column (b = 0) has
-    # N = D = 0 here and becomes N = AA, D = m.
-    const = rt.np_sgn(b, l=bitlen(m) + 1, EQ=True)
-    num = aa * b + bb * a + const * aa
-    den = a * b + const * m
-
-    # 4. q = floor(N * 2^F / D) by restoring long division, vectorised over features.
-    status.phase("long division")
-    frac = sh.score_frac_bits
-    rem = num
-    q = secint.array(np.zeros(p, dtype=object))
-    for t in reversed(range(sh.int_steps)):
-        shifted = den * (1 << t)
-        ge = 1 - rt.np_sgn(rem - shifted, l=sh.div_int_bits, LT=True)
-        rem = rem - ge * shifted
-        q = q + ge * (1 << (frac + t))
-    for t in reversed(range(frac)):
-        rem = rem * 2
-        ge = 1 - rt.np_sgn(rem - den, l=sh.div_frac_bits, LT=True)
-        rem = rem - ge * den
-        q = q + ge * (1 << t)
-    q = secint.array(await rt.gather(q))
+    if sh.scorer is Scorer.PEARSON:
+        status.phase("pearson sums and scores")
+        q = await _pearson_q(rt, secint, sh, x, lab)
+    else:
+        q = await _split_scores(rt, secint, job, x, lab, theta, status)
 
     # 5. Ranks from one comparison per pair i < j: lt = [q_i < q_j] means j beats i;
     # otherwise (q_i >= q_j) i beats j, ties going to the lower index.
@@ -601,6 +573,118 @@ async def select_top_k(
     return np.array(
         [((v - modulus) if v > half else v) & _MASK64 for v in ints], dtype=np.uint64
     )
+
+
+async def _split_scores(
+    rt: Any, secint: Any, job: PartyJob, x: Any, lab: Any, theta: Any, status: StatusFile
+) -> Any:
+    """The mean split's class counts scored by MS-GINI or chi-squared: q per column."""
+    sh = job.shape
+    m, p, n = sh.m, sh.p, sh.n_classes
+    status.phase("mean-split comparisons")
+    diff = (theta.reshape(1, p) - x).reshape(-1)  # < 0 exactly where x > theta'
+    parts = []
+    step = _batch(job.chunk, sh.split_bits)
+    for lo in range(0, m * p, step):
+        gt = rt.np_sgn(diff[lo : lo + step], l=sh.split_bits, LT=True)
+        parts.append(secint.array(await rt.gather(gt)))
+    del diff
+    gt_all = (parts[0] if len(parts) == 1 else rt.np_concatenate(parts)).reshape(m, p)
+
+    # 2. Class counts: n-1 classes by products, the n-th from a and b.
+    status.phase("class counts and scores")
+    b = gt_all.sum(axis=0)
+    a = m - b
+    above = lab.T @ gt_all  # (n-1, p)
+    below = lab.sum(axis=0).reshape(n - 1, 1) - above
+    above_n = b - above.sum(axis=0)
+    below_n = a - below.sum(axis=0)
+    if sh.scorer is Scorer.CHI2:
+        # chi-squared of the 2 x n table (ppfs.scoring.chi2_q), over (class, column)
+        a_c = rt.np_concatenate([below.reshape(-1), below_n])
+        cnt = rt.np_concatenate([lab.sum(axis=0),
+                                 secint.array(np.array([m], dtype=object)) - lab.sum()])
+        n_all = (cnt.reshape(n, 1) + secint.array(np.zeros((n, p), dtype=object))).reshape(-1)
+        a_all = rt.np_concatenate([a] * n)
+        a_c, a_all, n_all = [secint.array(await rt.gather(v)) for v in (a_c, a_all, n_all)]
+        q = scoring.chi2_q(_MpycOps(rt), m, a_c, a_all, n_all,
+                           secint.array(np.zeros(n * p, dtype=object)))
+        return secint.array(await rt.gather(q.reshape(n, p).sum(axis=0)))
+    bb = (above * above).sum(axis=0) + above_n * above_n
+    aa = (below * below).sum(axis=0) + below_n * below_n
+
+    # 3. Q = N/D with N = AA*b + BB*a, D = a*b; a constant column (b = 0) has
+    # N = D = 0 here and becomes N = AA, D = m.
+    const = rt.np_sgn(b, l=bitlen(m) + 1, EQ=True)
+    num = aa * b + bb * a + const * aa
+    den = a * b + const * m
+
+    # 4. q = floor(N * 2^F / D) by restoring long division, vectorised over features.
+    status.phase("long division")
+    frac = sh.score_frac_bits
+    rem = num
+    q = secint.array(np.zeros(p, dtype=object))
+    for t in reversed(range(sh.int_steps)):
+        shifted = den * (1 << t)
+        ge = 1 - rt.np_sgn(rem - shifted, l=sh.div_int_bits, LT=True)
+        rem = rem - ge * shifted
+        q = q + ge * (1 << (frac + t))
+    for t in reversed(range(frac)):
+        rem = rem * 2
+        ge = 1 - rt.np_sgn(rem - den, l=sh.div_frac_bits, LT=True)
+        rem = rem - ge * den
+        q = q + ge * (1 << t)
+    q = secint.array(await rt.gather(q))
+    return q
+
+
+class _MpycOps:
+    """:class:`ppfs.scoring.Ops` on MPyC secure arrays."""
+
+    def __init__(self, rt: Any) -> None:
+        self.rt = rt
+
+    def floor2(self, v: Any, w: int, bits: int) -> Any:
+        t = self.rt.np_trunc(v, f=w, l=bits)  # floor or floor + 1
+        return t - self.rt.np_sgn(v - t * (1 << w), l=w + 2, LT=True)
+
+    def is_zero(self, v: Any, bits: int) -> Any:
+        return self.rt.np_sgn(v, l=bits, EQ=True)
+
+    def ltz(self, v: Any, bits: int) -> Any:
+        return self.rt.np_sgn(v, l=bits, LT=True)
+
+    def settle(self, v: Any) -> Any:
+        return v
+
+
+async def _pearson_q(rt: Any, secint: Any, sh: Step2AShape, x: Any, lab: Any) -> Any:
+    """Pearson's q per column (ppfs.scoring.pearson_q) from exact secret sums."""
+    m, p, n = sh.m, sh.p, sh.n_classes
+    # any rounding: the sums below are exact; |x| < 2^(V-1)
+    h = rt.np_trunc(x, f=scoring.DIGIT_BITS, l=sh.value_bits + 1)
+    low = x - h * (1 << scoring.DIGIT_BITS)
+    parts = [(low * low).sum(axis=0), (h * low).sum(axis=0), (h * h).sum(axis=0)]
+    s = x.sum(axis=0)
+    t = lab.T @ x  # (n-1, p)
+    counts = lab.sum(axis=0)
+    c = pearson_classes(n)
+    if c == 1:
+        t_all, n_all = t[0], counts[0] + secint.array(np.zeros(p, dtype=object))
+    else:
+        t_all = rt.np_concatenate([t.reshape(-1), s - t.sum(axis=0)])
+        cnt = rt.np_concatenate([counts, secint.array(np.array([m], dtype=object))
+                                 - counts.sum()])
+        n_all = (cnt.reshape(c, 1) + secint.array(np.zeros((c, p), dtype=object))).reshape(-1)
+    tile = [rt.np_concatenate([v] * c) if c > 1 else v for v in (s, *parts)]
+    tile = [secint.array(await rt.gather(v)) for v in tile]
+    t_all = secint.array(await rt.gather(t_all))
+    n_all = secint.array(await rt.gather(n_all))
+    zeros = secint.array(np.zeros(c * p, dtype=object))
+    q = scoring.pearson_q(_MpycOps(rt), m, sh.value_bits, tile[0],
+                          (tile[1], tile[2], tile[3]), t_all, n_all, zeros)
+    q = q.reshape(c, p).sum(axis=0) if c > 1 else q
+    return secint.array(await rt.gather(q))
 
 
 async def _settle(rt: Any, secint: Any, a: Any) -> Any:

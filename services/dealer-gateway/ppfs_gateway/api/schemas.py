@@ -194,6 +194,12 @@ class JobCreate(Strict):
     k: int = Field(ge=1, le=1 << 20)
     security: Literal["passive-3pc", "active-3pc", "active-4pc", "passive-4pc"] = "passive-3pc"
     engine: Literal["mp-spdz", "mpyc"] = "mp-spdz"
+    scorer: Literal["ms-gini", "pearson", "chi2"] = Field(
+        default="ms-gini",
+        description="feature score computed inside MPC: ms-gini (mean-split Gini), pearson "
+        "(squared Pearson correlation with the label, one-vs-rest summed beyond two classes), "
+        "chi2 (Pearson's chi-squared of the mean split against the label)",
+    )
     training: TrainingIn | None = None
     recipient_public_key: Base64 = Field(description="X25519 public key, base64 (32 bytes)")
     mask_upload_id: Identifier
@@ -243,6 +249,7 @@ class JobOut(BaseModel):
     k: int
     security: str
     engine: str
+    scorer: str
     mask_upload_id: str
     training: TrainingIn | None
     m: int
