@@ -900,7 +900,14 @@ def run_party(job: PartyJob) -> int:
         status.phase("shutting down")
         await guarded(rt.shutdown(), min(deadline, time.monotonic() + 60.0), None, parent)
 
-    rt.run(session())
+    try:
+        rt.run(session())
+    except RuntimeError:
+        # MPyC stops its event loop when one of its coroutines fails ("Event loop stopped
+        # before Future completed"); when a peer's connection is gone that is the cause
+        if peer_lost(rt):
+            raise PeerLostError("an MPC peer was lost") from None
+        raise
     status.phase("done")
     stats["seconds"] = time.monotonic() - t_start
     stats["exit_code"] = EXIT_OK
