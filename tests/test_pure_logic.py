@@ -1,5 +1,6 @@
 """Pure logic, no server and no engine: the job contract's combination rules
-(ppfs.contract.plan) and the classification of a job's failure (failure_kind)."""
+(ppfs.contract.plan), the classification of a job's failure (failure_kind) and the
+gateway's checks of an upload's manifest (ppfs_gateway.uploads.check_manifest)."""
 
 from __future__ import annotations
 
@@ -154,3 +155,103 @@ def test_symptoms_and_collective_kinds():
     assert {k for k in FailureKind if k.collective} == {
         FailureKind.OUT_OF_RANGE, FailureKind.INTEGRITY}
     assert not symptoms & {k for k in FailureKind if k.collective}
+
+
+# ---- the gateway's check_manifest() ---------------------------------------------------
+
+
+def _gateway_upload(parties: int = 3, **changes):
+    import hashlib
+    from dataclasses import replace
+
+    from ppfs_gateway.uploads import UploadPart
+
+    from ppfs.upload import Manifest
+
+    parts = tuple(f"sealed part {i}".encode() for i in range(parties))
+    man = Manifest(
+        dataset_id="ds1", upload_id="up1", owner_id="owner-a",
+        scheme="rep3" if parties == 3 else "rep4", rows=4, columns=("a", "b"),
+        column_exponents=(0, 1), label_column="y", classes=("no", "yes"), frac_bits=16,
+        part_sha256=tuple(hashlib.sha256(p).hexdigest() for p in parts),
+        created_at="2025-01-01T00:00:00Z",
+    )
+    man = replace(man, **changes)
+    return man, UploadPart(manifest=man.to_bytes(), signature=b"", parts=parts,
+                           upload_id="up1")
+
+
+class _Registry:
+    def __init__(self, existing: tuple[str, ...] = ()) -> None:
+        self.existing = existing
+
+    def upload_exists(self, upload_id: str) -> bool:
+        return upload_id in self.existing
+
+
+def _dataset(**changes):
+    from dataclasses import replace
+
+    from ppfs_gateway.registry import DatasetRecord
+
+    ds = DatasetRecord(id="ds1", name="d", owner_id="owner-a", kind="data", schema=None,
+                       rows=0, created_at="2025-01-01T00:00:00Z")
+    return replace(ds, **changes)
+
+
+def _owner(subject: str = "owner-a"):
+    from ppfs_gateway.auth import Principal
+    from ppfs_gateway.core.config import Role
+
+    return Principal(Role.DATA_OWNER, subject)
+
+
+def test_check_manifest_accepts_a_consistent_upload():
+    from ppfs_gateway.uploads import check_manifest
+
+    man, up = _gateway_upload()
+    got, schema = check_manifest(_dataset(), up, _owner(), 3, _Registry())
+    assert got == man
+    assert (schema.columns, schema.label_column, schema.classes, schema.scheme) == (
+        ("a", "b"), "y", ("no", "yes"), "rep3")
+    # a data owner the data set was granted to uploads too
+    _, up = _gateway_upload(owner_id="owner-b")
+    check_manifest(_dataset(grants=("owner-b",)), up, _owner("owner-b"), 3, _Registry())
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"dataset_id": "ds2"}, "another data set or upload"),
+    ({"owner_id": "owner-b"}, "another owner"),
+    ({"scheme": "rep4"}, "shares with rep3"),
+    ({"part_sha256": ("0" * 64,) * 3}, "does not match the manifest's digest"),
+    ({"rows": 0}, "shape is inconsistent"),
+    ({"column_exponents": (0,)}, "shape is inconsistent"),
+    ({"columns": ("a", "a")}, "repeat or include the label"),
+    ({"columns": ("a", "y")}, "repeat or include the label"),
+    ({"classes": ("only",)}, "at least two classes"),
+    ({"frac_bits": 41}, "fractional bits are out of range"),
+])
+def test_check_manifest_refuses_an_inconsistent_manifest(changes, match):
+    from ppfs_gateway.errors import MalformedUpload
+    from ppfs_gateway.uploads import check_manifest
+
+    _, up = _gateway_upload(**changes)
+    with pytest.raises(MalformedUpload, match=match):
+        check_manifest(_dataset(), up, _owner(), 3, _Registry())
+
+
+def test_check_manifest_refuses_strangers_repeats_and_other_schemas():
+    from ppfs_gateway.errors import Conflict, Forbidden, IncompatibleSchemas
+    from ppfs_gateway.uploads import check_manifest
+
+    _, up = _gateway_upload(owner_id="owner-b")
+    with pytest.raises(Forbidden):
+        check_manifest(_dataset(), up, _owner("owner-b"), 3, _Registry())
+    _, up = _gateway_upload()
+    with pytest.raises(Conflict, match="already exists"):
+        check_manifest(_dataset(), up, _owner(), 3, _Registry(("up1",)))
+    _, first = check_manifest(_dataset(), up, _owner(), 3, _Registry())
+    _, other = _gateway_upload(columns=("a", "c"))
+    with pytest.raises(IncompatibleSchemas):
+        check_manifest(_dataset(schema=first, upload_ids=("up0",)), other, _owner(), 3,
+                       _Registry())
