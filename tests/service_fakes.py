@@ -459,7 +459,7 @@ class RealCluster:
     """Engineer A's party daemons (ppfs_party) in this process, mutual TLS, port 0."""
 
     def __init__(self, n: int, root: Path, engines: tuple[str, ...], **overrides: Any) -> None:
-        from ppfs_party.testing import Deployment
+        from party_harness import Deployment
 
         self.n = n
         self.root = root

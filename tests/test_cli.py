@@ -6,9 +6,9 @@ import sys
 
 import numpy as np
 import pytest
+from ppfs_cli.main import main
 
 from ppfs import oracle
-from ppfs.cli import main
 from ppfs.table import read_csv
 
 GOOD = "a,b,c,d,y\n" + "".join(
@@ -70,7 +70,7 @@ def test_select_json_and_out_on_mpyc(good_csv, tmp_path):
         [
             sys.executable,
             "-m",
-            "ppfs.cli",
+            "ppfs_cli",
             "select",
             str(good_csv),
             "--label",

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from ppfs_cli.main import main
 from service_fakes import Stack, make_stack
 
 from ppfs import oracle
-from ppfs.cli import main
 from ppfs.synthetic import make_table
 
 
@@ -152,7 +152,7 @@ def test_ppfs_up_and_demo_service(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "ppfs.cli",
+            "ppfs_cli",
             "up",
             "--state-dir",
             str(tmp_path / "stack"),
@@ -199,7 +199,7 @@ def test_ppfs_up_and_demo_service(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "ppfs.cli",
+            "ppfs_cli",
             "demo-service",
             "--parties",
             "4",

@@ -70,7 +70,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpStack]:
     root = tmp_path_factory.mktemp("console") / "stack"
     env = dict(os.environ, PYTHONUNBUFFERED="1", PPFS_LOG_FORMAT="json")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ppfs.cli", "up", "--state-dir", str(root), "--port", "0"],
+        [sys.executable, "-m", "ppfs_cli", "up", "--state-dir", str(root), "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ppfs_cli.main import main
 
-from ppfs.cli import main
 from ppfs.engines import mpspdz_release, registry
 
 VERSION = "0.4.2"

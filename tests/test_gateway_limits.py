@@ -56,7 +56,7 @@ def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
     port_file, log = tmp_path / "port", tmp_path / "gateway.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ppfs.cli", "gateway", "serve", "--config", str(config),
+            [sys.executable, "-m", "ppfs_cli", "gateway", "serve", "--config", str(config),
              "--port", "0", "--port-file", str(port_file)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
         )
@@ -220,8 +220,8 @@ def test_authenticated_body_over_the_cap_is_refused(tmp_path: Path) -> None:
 def test_dev_stack_logs_are_private(tmp_path: Path) -> None:
     import asyncio
 
-    from ppfs_gateway.devstack import Stack as DevStack
-    from ppfs_gateway.devstack import StackLayout
+    from ppfs_cli.devstack import Stack as DevStack
+    from ppfs_cli.devstack import StackLayout
 
     logs = tmp_path / "logs"
     logs.mkdir(mode=0o755)

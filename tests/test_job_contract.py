@@ -19,9 +19,7 @@ import grpc
 import numpy as np
 import pytest
 from nacl.public import PrivateKey
-from ppfs_party import state as party_state
-from ppfs_party.server import start_party_server
-from ppfs_party.testing import (
+from party_harness import (
     Deployment,
     SealedUpload,
     data_upload,
@@ -33,6 +31,8 @@ from ppfs_party.testing import (
     upload_messages,
     watch_to_end,
 )
+from ppfs_party import state as party_state
+from ppfs_party.server import start_party_server
 from procs import processes_in
 
 from ppfs.contract import (

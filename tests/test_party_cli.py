@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 from nacl.signing import SigningKey
+from ppfs_cli.main import main
 from ppfs_party.config import PartySettings
 from ppfs_party.server import start_party_server
 
-from ppfs.cli import main
 from ppfs.v1 import party_pb2, party_pb2_grpc
 
 

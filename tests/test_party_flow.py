@@ -17,8 +17,7 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from ppfs_party.server import SERVICE_NAME, start_party_server
-from ppfs_party.testing import (
+from party_harness import (
     Deployment,
     data_upload,
     describe_job,
@@ -29,6 +28,7 @@ from ppfs_party.testing import (
     upload_messages,
     watch_to_end,
 )
+from ppfs_party.server import SERVICE_NAME, start_party_server
 
 from ppfs.contract import service_shape
 from ppfs.engines.mpspdz import MpSpdzEngine

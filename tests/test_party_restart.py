@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 from nacl.public import PrivateKey
-from ppfs_party.testing import (
+from party_harness import (
     Deployment,
     data_upload,
     describe_job,

@@ -12,8 +12,7 @@ import grpc
 import numpy as np
 import pytest
 from nacl.signing import SigningKey
-from ppfs_party.server import PartyServer, start_party_server
-from ppfs_party.testing import (
+from party_harness import (
     Deployment,
     Owner,
     SealedUpload,
@@ -24,6 +23,7 @@ from ppfs_party.testing import (
     start_requests,
     upload_messages,
 )
+from ppfs_party.server import PartyServer, start_party_server
 
 from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.upload import pack_bundles, seal

@@ -171,7 +171,7 @@ def test_select_cli_scorer(tmp_path, capsys):
     """`ppfs select --scorer pearson --json` reports the scorer and its selection."""
     import json
 
-    from ppfs import cli
+    from ppfs_cli import main as cli
 
     table = _table(24, 4, 2, seed=3)
     path = tmp_path / "d.csv"

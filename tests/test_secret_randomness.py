@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ppfs_cli.main import main
 from service_fakes import Stack, horizontal_setup, make_stack
 
 from ppfs import oracle
-from ppfs.cli import main
 from ppfs.step2a import Step2AShape, mirror
 from ppfs.synthetic import make_table
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ppfs_cli.main import main
 
 from ppfs import step2b
-from ppfs.cli import main
 from ppfs.engines.mpspdz import MpSpdzEngine, compile_args
 from ppfs.engines.mpyc_engine import MpycEngine
 from ppfs.engines.registry import mpspdz_home
@@ -298,7 +298,7 @@ def test_cli_train_json(tmp_path: Path) -> None:
     p.write_text("a,b,c,y\n" + "".join(rows))
     engine = [] if _reason is None else ["--engine", "mpyc"]
     proc = subprocess.run(
-        [sys.executable, "-m", "ppfs.cli", "select", str(p), "--label", "y", "--k", "2",
+        [sys.executable, "-m", "ppfs_cli", "select", str(p), "--label", "y", "--k", "2",
          "--train", "--epochs", "2", "--batch", "20", "--json", *engine],
         capture_output=True, text=True, timeout=600,
     )

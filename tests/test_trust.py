@@ -35,6 +35,7 @@ import uvicorn
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, SealedBox
 from nacl.signing import SigningKey
+from ppfs_cli.main import main
 from service_fakes import RealCluster, Stack, horizontal_setup, make_stack, wait_final
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -42,7 +43,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ppfs import oracle
-from ppfs.cli import main
 from ppfs.contract import Consent, Reveal
 from ppfs.keycert import (
     KeyStatement,
@@ -368,8 +368,7 @@ def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path:
     party with kind REFUSED in its audit log."""
     import asyncio
 
-    from ppfs_party.server import start_party_server
-    from ppfs_party.testing import (
+    from party_harness import (
         Deployment,
         data_upload,
         describe_job,
@@ -377,6 +376,7 @@ def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path:
         start_requests,
         upload_messages,
     )
+    from ppfs_party.server import start_party_server
 
     from ppfs.fixedpoint import FixedPoint
     from ppfs.v1 import party_pb2

@@ -47,7 +47,7 @@ def test_ppfs_up_restarts_a_killed_party_and_the_job_names_it(tmp_path: Path) ->
     state = tmp_path / "stack"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     up = subprocess.Popen(
-        [sys.executable, "-m", "ppfs.cli", "up", "--state-dir", str(state), "--port", "0"],
+        [sys.executable, "-m", "ppfs_cli", "up", "--state-dir", str(state), "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     err_lines: list[str] = []

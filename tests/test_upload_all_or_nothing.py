@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ppfs_cli.main import main
 from ppfs_client.sdk import ApiError, build_upload
 from service_fakes import RealCluster, Stack, make_stack, owner_table, wait_final
 
-from ppfs.cli import main
 from ppfs.fixedpoint import FixedPoint
 from ppfs.step2a import Step2AShape, mirror
 from ppfs.synthetic import make_table

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from ppfs_cli.main import build_parser, main
 
-from ppfs.cli import _parser, main
 from ppfs.jobflags import best_engine, train_params_from_flags
 from ppfs.step2b import TrainParams
 from ppfs.table import read_csv
@@ -124,7 +124,9 @@ def _stub_client(engines: list[tuple[str, ...]]) -> Any:
 def test_jobs_submit_defaults_to_what_the_deployment_offers() -> None:
     from ppfs_client.commands import _default_engine
 
-    args = _parser().parse_args(["jobs", "submit", "--dataset", "d", "--label", "y", "--k", "1"])
+    args = build_parser().parse_args(
+        ["jobs", "submit", "--dataset", "d", "--label", "y", "--k", "1"]
+    )
     assert args.engine is None  # no fixed default: chosen from /v1/deployment
     assert _default_engine(_stub_client([("mpyc",)] * 3), "passive-3pc") == "mpyc"
     assert _default_engine(_stub_client([("mp-spdz", "mpyc")] * 3), "passive-3pc") == "mp-spdz"
@@ -150,7 +152,7 @@ SUBMIT = ["jobs", "submit", "--dataset", "d", "--label", "y", "--k", "1"]
 
 @pytest.mark.parametrize("base", [SELECT, SUBMIT], ids=["select", "jobs-submit"])
 def test_training_flags_same_names_and_defaults(base: list[str]) -> None:
-    p = _parser()
+    p = build_parser()
     assert train_params_from_flags(p.parse_args(base)) is None
     assert train_params_from_flags(p.parse_args([*base, "--train"])) == TrainParams()
     got = train_params_from_flags(p.parse_args(
@@ -166,7 +168,7 @@ def test_training_flags_documented_alike(capsys: Any) -> None:
     helps = []
     for argv in (["select", "--help"], ["jobs", "submit", "--help"]):
         with pytest.raises(SystemExit):
-            _parser().parse_args(argv)
+            build_parser().parse_args(argv)
         helps.append(capsys.readouterr().out)
     for flag in ("--train", "--epochs", "--learning-rate", "--batch-size", "--train-seed"):
         assert all(flag in h for h in helps), flag

@@ -53,7 +53,8 @@ def _https_identity(ca_dir: Path, names: list[str], out: Path) -> None:
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-    from ppfs_party.keys import load_ca
+
+    from ppfs.pki import load_ca
 
     ca = load_ca(ca_dir)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -109,7 +110,7 @@ def main() -> int:
                     help="owner of ca/ and clients/ (the operator)")
     args = ap.parse_args()
 
-    from ppfs_gateway.devstack import PRINCIPALS, prepare
+    from ppfs_cli.devstack import PRINCIPALS, prepare
 
     work = args.out / ".work"
     layout = prepare(work, args.parties)  # CA, party states, gateway identity, keys, tokens

@@ -1,18 +1,18 @@
-"""ppfs command line: the embedded default (all parties as local processes)."""
+"""The core's own commands: ``ppfs select`` and ``ppfs demo`` (the embedded default, all
+parties as local processes) and ``ppfs engine``. The ``ppfs`` command itself (under
+tools/) adds these to the daemons', the client's and the development stack's commands."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import csv
-import importlib
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +52,9 @@ EXIT_USAGE = 2
 EXIT_FAILED = 1
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ppfs", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_commands(sub: Any) -> None:
+    """Add ``select``, ``demo`` and ``engine`` to the ``ppfs`` subparsers; each sets
+    ``func``: func(args) -> exit code."""
     sel = sub.add_parser(
         "select",
         help="private MS-GINI feature selection (Step 2A) of a CSV on local parties",
@@ -65,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sel.add_argument("data", type=Path, metavar="DATA.csv")
     _job_args(sel)
+    sel.set_defaults(func=_select_file)
 
     demo = sub.add_parser(
         "demo",
@@ -77,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--classes", type=int, default=2)
     demo.add_argument("--seed", type=int, default=7)
     _job_args(demo, need_label=False, default_k=5)
+    demo.set_defaults(func=_demo)
 
     eng = sub.add_parser("engine", help="install MP-SPDZ; say which engines are usable")
     esub = eng.add_subparsers(dest="engine_command", required=True)
@@ -98,21 +99,6 @@ def _parser() -> argparse.ArgumentParser:
     st = esub.add_parser("status", help="which engines are usable here, and why not")
     st.add_argument("--json", action="store_true", help="print one JSON object")
     st.set_defaults(func=_engine_status)
-
-    for module in _COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError:
-            continue
-        register = getattr(mod, "add_commands", None)
-        if register is not None:
-            register(sub)  # each sets `func` on its parsers: func(args) -> exit code
-    return p
-
-
-# Service commands live with their services and the client; each module offers
-# add_commands(subparsers). Imported lazily so `ppfs select` needs none of them.
-_COMMAND_MODULES = ("ppfs_client.commands", "ppfs_party.commands", "ppfs_gateway.commands")
 
 
 def _job_args(
@@ -162,18 +148,9 @@ def _job_args(
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        if getattr(args, "func", None) is not None:
-            return int(args.func(args))
-        if args.command == "demo":
-            return _demo(args)
-        table = read_csv(args.data, args.label)
-        return _select(args, table, source=str(args.data))
-    except (InputDataError, ParameterError, EngineUnavailableError) as exc:
-        print(f"ppfs: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+def _select_file(args: argparse.Namespace) -> int:
+    table = read_csv(args.data, args.label)
+    return _select(args, table, source=str(args.data))
 
 
 def _engine_install(args: argparse.Namespace) -> int:
@@ -410,7 +387,3 @@ class _ProgressDisplay:
     def __exit__(self, *exc: object) -> None:
         if self._status is not None:
             self._status.__exit__(None, None, None)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

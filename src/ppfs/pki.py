@@ -4,11 +4,19 @@ The deployment's CA signs one TLS certificate per party. Each party's private ke
 is generated in that party's own directory and never copied anywhere else; only
 the certificate (public) is shared. The CA key stays with whoever set up the
 deployment and signs nothing but party certificates.
+
+The deployment CA's own operations live here too: keeping it on disk
+(:func:`save_ca`, :func:`load_ca`), issuing a control-plane client identity
+(:func:`issue_client_identity`) and certifying a party's public box and signing keys
+(:func:`certify_party_key_request`). They read and write public material only, apart
+from the CA key itself.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +25,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from ppfs.engines.base import PARTY_NAMES
+from ppfs.keycert import certify_party_keys
 
 _VALIDITY = dt.timedelta(days=365)
 
@@ -114,3 +125,62 @@ def party_key_and_csr(key_path: Path, common_name: str) -> x509.CertificateSigni
 def write_cert(path: Path, cert: x509.Certificate) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def save_ca(ca: CertificateAuthority, directory: Path) -> None:
+    """Keep the deployment CA (its key 0600) where the operator ran ``ppfs pki init``."""
+    pem = ca.key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    _write_private(directory / "ca.key", pem)
+    write_cert(directory / "ca.pem", ca.cert)
+
+
+def load_ca(directory: Path) -> CertificateAuthority:
+    key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the CA key is not an EC key")
+    cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+    return CertificateAuthority(key, cert)
+
+
+def issue_client_identity(
+    ca: CertificateAuthority, common_name: str, key_path: Path
+) -> tuple[bytes, bytes]:
+    """A control-plane client (the gateway, or a test): key made at ``key_path``,
+    certificate signed by the CA. Returns (key PEM, certificate PEM)."""
+    csr = party_key_and_csr(key_path, common_name)
+    cert = ca.issue(csr)
+    return key_path.read_bytes(), cert.public_bytes(serialization.Encoding.PEM)
+
+
+def certify_party_key_request(
+    ca: CertificateAuthority, request_path: Path
+) -> tuple[bytes, bytes]:
+    """The CA's side of a party's key request (``party-keys.json``: index, name, public
+    box and signing keys): check it and return (key statement, CA signature), valid
+    for at most a year and never beyond the CA certificate."""
+    try:
+        d = json.loads(request_path.read_text())
+        index, name = int(d["index"]), str(d["name"])
+        box, signing = (base64.b64decode(d[k]) for k in
+                        ("box_public_key", "signing_public_key"))
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{request_path}: not a party key request") from None
+    if name != PARTY_NAMES[index] or len(box) != 32 or len(signing) != 32:
+        raise ValueError(f"{request_path}: inconsistent party key request")
+    validity = ca.cert.not_valid_after_utc - dt.datetime.now(dt.UTC)
+    return certify_party_keys(
+        ca.key, ca.cert, index, name, box, signing,
+        validity=min(validity, dt.timedelta(days=365)))

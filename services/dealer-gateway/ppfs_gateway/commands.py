@@ -1,8 +1,6 @@
-"""`ppfs gateway serve`, `ppfs up` and `ppfs demo-service`.
+"""`ppfs gateway serve`.
 
 ppfs gateway serve --config gateway.json [--host H] [--port P] [--port-file F]
-ppfs up [--parties 3|4] [--state-dir .ppfs]      # a local development stack
-ppfs demo-service [--parties 3|4]                # the main job, through the service
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ppfs.errors import ParameterError, PpfsError
+from ppfs.errors import ParameterError
 from ppfs.logfmt import configure_logging
 
 EXIT_FAILED = 1
@@ -47,50 +45,6 @@ def add_commands(sub: Any) -> None:
         "else text)",
     )
     serve.set_defaults(func=_serve)
-
-    up = sub.add_parser(
-        "up",
-        help="start a local stack: parties and gateway, with a fresh development PKI",
-        description="Start the party daemons and the gateway as local processes with a freshly "
-        "generated development PKI, keys and bearer tokens under --state-dir (reused when it "
-        "exists). Prints the gateway URL and where the tokens are; Ctrl-C stops everything.",
-    )
-    _stack_args(up)
-    up.set_defaults(func=_up)
-
-    demo = sub.add_parser(
-        "demo-service",
-        help="run the main job through the service: upload, Step 2A + 2B, fetch the result",
-        description="Start a local stack, split a synthetic data set between two data owners, "
-        "upload both halves, submit Step 2A and Step 2B (training) as the analyst, watch it, "
-        "fetch and open the result (selection and model), and compare the selection with the "
-        "plaintext MS-GINI choice.",
-    )
-    _stack_args(demo, default_dir=None)
-    demo.add_argument("--rows", type=int, default=200)
-    demo.add_argument("--cols", type=int, default=12)
-    demo.add_argument("--k", type=int, default=4)
-    demo.add_argument("--seed", type=int, default=7)
-    demo.add_argument("--epochs", type=int, default=5, help="Step 2B epochs (0: no training)")
-    demo.set_defaults(func=_demo)
-
-
-def _stack_args(p: argparse.ArgumentParser, default_dir: str | None = ".ppfs") -> None:
-    p.add_argument("--parties", type=int, choices=(3, 4), default=3)
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path(default_dir) if default_dir else None,
-        help="keys, certificates, tokens, registry, logs"
-        + (" (default ./.ppfs)" if default_dir else " (default: a temporary directory)"),
-    )
-    p.add_argument("--port", type=int, default=8080, help="gateway port (0: any free port)")
-    p.add_argument(
-        "--engine",
-        choices=["mp-spdz", "mpyc"],
-        default=None,
-        help="engine for the demo job (default: mp-spdz when found, else mpyc)",
-    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -142,31 +96,3 @@ def _serve(args: argparse.Namespace) -> int:
 
     asyncio.run(run())
     return 0
-
-
-def _up(args: argparse.Namespace) -> int:
-    from ppfs_gateway.devstack import run_stack
-
-    try:
-        return asyncio.run(run_stack(args))
-    except ParameterError as exc:
-        print(f"ppfs: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except PpfsError as exc:
-        print(f"ppfs: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from ppfs_gateway.devstack import run_demo
-
-    try:
-        return asyncio.run(run_demo(args))
-    except ParameterError as exc:
-        print(f"ppfs: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except PpfsError as exc:
-        print(f"ppfs: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED

@@ -21,9 +21,9 @@ from typing import Any
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import PpfsError
 from ppfs.logfmt import configure_logging
-from ppfs.pki import CertificateAuthority
+from ppfs.pki import CertificateAuthority, issue_client_identity, load_ca, save_ca
 from ppfs_party.config import DEFAULT_MAX_UPLOAD, PartySettings
-from ppfs_party.keys import issue_client_identity, load_ca, save_ca, sign_party_requests
+from ppfs_party.keys import sign_party_requests
 from ppfs_party.state import open_state
 from ppfs_party.store import register_owner
 

@@ -10,7 +10,8 @@ Private keys (mode 0600) never leave ``<state>/keys``:
 
 For each TLS key the party writes a certificate request to ``<state>/csr``, and its
 public box and signing keys (with its index and name) to ``<state>/csr/party-keys.json``.
-The deployment CA signs them (:func:`sign_party_requests`, ``ppfs pki sign``) and writes
+The deployment CA signs them (:func:`sign_party_requests`, ``ppfs pki sign``; the CA's
+own operations are in ppfs.pki) and writes
 the certificates, the key statement (``certs/party-keys.json`` and ``.sig``,
 ppfs.keycert) and its own certificate to ``<state>/certs``: only public material
 crosses. Clients refuse a party's keys without a key statement from their trust anchor.
@@ -19,7 +20,6 @@ crosses. Clients refuse a party's keys without a key statement from their trust 
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import json
 import os
 from dataclasses import dataclass
@@ -27,13 +27,16 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from ppfs.engines.base import PARTY_NAMES, Engine
-from ppfs.keycert import certify_party_keys
-from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
+from ppfs.pki import (
+    CertificateAuthority,
+    certify_party_key_request,
+    party_key_and_csr,
+    write_cert,
+)
 from ppfs_party.errors import NotReadyError
 
 CONTROL = "control"
@@ -152,8 +155,9 @@ def pending_requests(state_dir: Path) -> list[CertRequest]:
 
 
 def sign_party_requests(ca: CertificateAuthority, state_dir: Path) -> list[str]:
-    """The deployment CA's step: sign every request a party wrote, install the
-    certificates and the CA certificate. Reads and writes public material only."""
+    """The deployment CA's step on a party's state directory: sign every request the
+    party wrote, install the certificates, its key statement and the CA certificate.
+    Reads and writes public material only."""
     done = []
     for req in pending_requests(state_dir):
         csr = x509.load_pem_x509_csr((state_dir / "csr" / f"{req.name}.csr").read_bytes())
@@ -161,54 +165,13 @@ def sign_party_requests(ca: CertificateAuthority, state_dir: Path) -> list[str]:
         done.append(req.name)
     keys_req = state_dir / "csr" / KEY_REQUEST
     if keys_req.is_file():
-        try:
-            d = json.loads(keys_req.read_text())
-            index, name = int(d["index"]), str(d["name"])
-            box, signing = (base64.b64decode(d[k]) for k in
-                            ("box_public_key", "signing_public_key"))
-        except (ValueError, KeyError, TypeError):
-            raise ValueError(f"{keys_req}: not a party key request") from None
-        if name != PARTY_NAMES[index] or len(box) != 32 or len(signing) != 32:
-            raise ValueError(f"{keys_req}: inconsistent party key request")
-        validity = ca.cert.not_valid_after_utc - dt.datetime.now(dt.UTC)
-        statement, signature = certify_party_keys(
-            ca.key, ca.cert, index, name, box, signing,
-            validity=min(validity, dt.timedelta(days=365)))
+        statement, signature = certify_party_key_request(ca, keys_req)
         (state_dir / "certs").mkdir(parents=True, exist_ok=True)
         (state_dir / "certs" / KEY_REQUEST).write_bytes(statement)
         (state_dir / "certs" / "party-keys.sig").write_bytes(signature)
         done.append("party-keys")
     write_cert(state_dir / "certs" / "ca.pem", ca.cert)
     return done
-
-
-def issue_client_identity(
-    ca: CertificateAuthority, common_name: str, key_path: Path
-) -> tuple[bytes, bytes]:
-    """A control-plane client (the gateway, or a test): key made at ``key_path``,
-    certificate signed by the CA. Returns (key PEM, certificate PEM)."""
-    csr = party_key_and_csr(key_path, common_name)
-    cert = ca.issue(csr)
-    return key_path.read_bytes(), cert.public_bytes(serialization.Encoding.PEM)
-
-
-def save_ca(ca: CertificateAuthority, directory: Path) -> None:
-    """Keep the deployment CA (its key 0600) where the operator ran ``ppfs pki init``."""
-    pem = ca.key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    _write_private(directory / "ca.key", pem)
-    write_cert(directory / "ca.pem", ca.cert)
-
-
-def load_ca(directory: Path) -> CertificateAuthority:
-    key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise ValueError("the CA key is not an EC key")
-    cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
-    return CertificateAuthority(key, cert)
 
 
 def fingerprint(public_key: bytes) -> str:

@@ -25,6 +25,10 @@ import grpc
 import numpy as np
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey, VerifyKey
+from ppfs_party.config import PartySettings
+from ppfs_party.keys import sign_party_requests
+from ppfs_party.state import open_state
+from ppfs_party.store import register_owner
 
 from ppfs.contract import (
     Combination,
@@ -39,17 +43,13 @@ from ppfs.contract import (
     plan,
 )
 from ppfs.durable import free_ports
-from ppfs.pki import CertificateAuthority
+from ppfs.pki import CertificateAuthority, issue_client_identity
 from ppfs.scoring import Scorer
 from ppfs.sharing import Scheme, ShareBundle, bundles_for_all
 from ppfs.step2a import Security
 from ppfs.step2b import TrainParams
 from ppfs.upload import Manifest, open_sealed, pack_bundles, seal, sign_manifest
 from ppfs.v1 import party_pb2, party_pb2_grpc
-from ppfs_party.config import PartySettings
-from ppfs_party.keys import issue_client_identity, sign_party_requests
-from ppfs_party.state import open_state
-from ppfs_party.store import register_owner
 
 CHUNK = 64 * 1024
 

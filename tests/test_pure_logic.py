@@ -1,0 +1,257 @@
+"""Pure logic, no server and no engine: the job contract's combination rules
+(ppfs.contract.plan), the classification of a job's failure (failure_kind) and the
+gateway's checks of an upload's manifest (ppfs_gateway.uploads.check_manifest)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppfs.contract import (
+    Combination,
+    DatasetSchema,
+    FailureKind,
+    IncompatibleDatasets,
+    failure_kind,
+    plan,
+)
+from ppfs.errors import (
+    EngineError,
+    IntegrityError,
+    ParameterError,
+    PeerLostError,
+    RangeAbortError,
+    SessionMismatchError,
+    ShareFormatError,
+    TimedOutError,
+)
+
+H, V = Combination.HORIZONTAL, Combination.VERTICAL
+
+
+def schema(dataset_id: str, columns: tuple[str, ...] = ("a", "b"), *, label: str = "y",
+           classes: tuple[str, ...] = ("no", "yes"), rows: int = 10, frac_bits: int = 16,
+           exponents: tuple[int, ...] | None = None) -> DatasetSchema:
+    return DatasetSchema(
+        dataset_id=dataset_id, columns=columns,
+        column_exponents=exponents if exponents is not None else (0,) * len(columns),
+        label_column=label, classes=classes if label else (), frac_bits=frac_bits, rows=rows,
+    )
+
+
+# ---- plan(): horizontal -------------------------------------------------------------
+
+
+def test_horizontal_appends_rows_of_one_schema():
+    p = plan([schema("d1", rows=10), schema("d2", rows=7)], H, "y")
+    assert (p.m, p.p, p.columns, p.classes, p.frac_bits) == (17, 2, ("a", "b"), ("no", "yes"), 16)
+    assert p.labelled == (0, 1)
+    assert p.column_exponents == (0, 0)
+
+
+def test_one_data_set_is_horizontal_whatever_asked():
+    for combination in (H, V):
+        p = plan([schema("d1", rows=5, exponents=(1, 2))], combination, "y")
+        assert (p.m, p.p, p.labelled, p.column_exponents) == (5, 2, (0,), (1, 2))
+
+
+@pytest.mark.parametrize("other", [
+    schema("d2", ("a", "c")),  # columns
+    schema("d2", ("b", "a")),  # column order
+    schema("d2", exponents=(0, 3)),  # exponents
+    schema("d2", label="z"),  # label
+    schema("d2", classes=("no", "maybe")),  # classes
+])
+def test_horizontal_needs_the_same_schema(other):
+    with pytest.raises(IncompatibleDatasets, match="horizontal combination needs the same"):
+        plan([schema("d1"), other], H, "y")
+
+
+def test_horizontal_needs_the_asked_label():
+    with pytest.raises(ParameterError, match="no label column 'z'"):
+        plan([schema("d1"), schema("d2")], H, "z")
+
+
+# ---- plan(): vertical ---------------------------------------------------------------
+
+
+def test_vertical_joins_columns_and_takes_the_label_holder_classes():
+    a = schema("d1", ("a", "b"), label="", exponents=(1, 2))
+    b = schema("d2", ("c",), classes=("x", "y", "z"), exponents=(3,))
+    p = plan([a, b], V, "y")
+    assert (p.m, p.p, p.columns) == (10, 3, ("a", "b", "c"))
+    assert p.column_exponents == (1, 2, 3)
+    assert (p.classes, p.labelled) == (("x", "y", "z"), (1,))
+
+
+def test_vertical_needs_the_same_rows():
+    with pytest.raises(IncompatibleDatasets, match="same number of rows"):
+        plan([schema("d1", ("a",), rows=10), schema("d2", ("b",), label="", rows=9)], V, "y")
+
+
+def test_vertical_needs_distinct_columns():
+    with pytest.raises(IncompatibleDatasets, match="distinct column names"):
+        plan([schema("d1", ("a", "b")), schema("d2", ("b", "c"), label="")], V, "y")
+
+
+@pytest.mark.parametrize("labels,asked", [
+    (("y", "y"), "y"),  # two label holders
+    (("", ""), "y"),  # none
+    (("y", ""), "z"),  # the one there is not the one asked
+])
+def test_vertical_needs_exactly_one_label_holder(labels, asked):
+    a, b = (schema(f"d{i}", (f"c{i}",), label=lab) for i, lab in enumerate(labels))
+    with pytest.raises(ParameterError, match="exactly one data set must hold the label"):
+        plan([a, b], V, asked)
+
+
+# ---- plan(): errors common to both ----------------------------------------------------
+
+
+@pytest.mark.parametrize("combination", [H, V])
+def test_plan_refuses_bad_requests(combination):
+    with pytest.raises(ParameterError, match="at least one data set"):
+        plan([], combination, "y")
+    with pytest.raises(ParameterError, match="named twice"):
+        plan([schema("d1"), schema("d1")], combination, "y")
+    with pytest.raises(IncompatibleDatasets, match="different fractional bits"):
+        plan([schema("d1", ("a",)), schema("d2", ("b",), label="", frac_bits=20)],
+             combination, "y")
+    with pytest.raises(ParameterError, match="give the label column"):
+        plan([schema("d1")], combination, "")
+
+
+def test_incompatible_data_sets_are_a_parameter_error():
+    assert issubclass(IncompatibleDatasets, ParameterError)
+
+
+def test_combination_parse():
+    assert Combination.parse("horizontal") is H and Combination.parse("vertical") is V
+    with pytest.raises(ParameterError, match="'horizontal' or 'vertical'"):
+        Combination.parse("diagonal")
+
+
+# ---- failure_kind() -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exc,kind", [
+    (IntegrityError("copies disagree"), FailureKind.INTEGRITY),
+    (RangeAbortError("out of range"), FailureKind.OUT_OF_RANGE),
+    (SessionMismatchError("other session"), FailureKind.SESSION),
+    (PeerLostError("peer gone"), FailureKind.PEER_LOST),
+    (TimedOutError("too slow"), FailureKind.TIMEOUT),
+    (ParameterError("bad k"), FailureKind.REFUSED),
+    (ShareFormatError("bad share"), FailureKind.REFUSED),
+    (EngineError("crashed"), FailureKind.OWN),
+    (OSError("disk full"), FailureKind.OWN),
+    (RuntimeError("anything else"), FailureKind.OWN),
+])
+def test_failure_kind(exc, kind):
+    assert failure_kind(exc) is kind
+
+
+def test_symptoms_and_collective_kinds():
+    symptoms = {k for k in FailureKind if k.symptom}
+    assert symptoms == {FailureKind.PEER_LOST, FailureKind.SESSION, FailureKind.CANCELLED}
+    assert {k for k in FailureKind if k.collective} == {
+        FailureKind.OUT_OF_RANGE, FailureKind.INTEGRITY}
+    assert not symptoms & {k for k in FailureKind if k.collective}
+
+
+# ---- the gateway's check_manifest() ---------------------------------------------------
+
+
+def _gateway_upload(parties: int = 3, **changes):
+    import hashlib
+    from dataclasses import replace
+
+    from ppfs_gateway.uploads import UploadPart
+
+    from ppfs.upload import Manifest
+
+    parts = tuple(f"sealed part {i}".encode() for i in range(parties))
+    man = Manifest(
+        dataset_id="ds1", upload_id="up1", owner_id="owner-a",
+        scheme="rep3" if parties == 3 else "rep4", rows=4, columns=("a", "b"),
+        column_exponents=(0, 1), label_column="y", classes=("no", "yes"), frac_bits=16,
+        part_sha256=tuple(hashlib.sha256(p).hexdigest() for p in parts),
+        created_at="2025-01-01T00:00:00Z",
+    )
+    man = replace(man, **changes)
+    return man, UploadPart(manifest=man.to_bytes(), signature=b"", parts=parts,
+                           upload_id="up1")
+
+
+class _Registry:
+    def __init__(self, existing: tuple[str, ...] = ()) -> None:
+        self.existing = existing
+
+    def upload_exists(self, upload_id: str) -> bool:
+        return upload_id in self.existing
+
+
+def _dataset(**changes):
+    from dataclasses import replace
+
+    from ppfs_gateway.registry import DatasetRecord
+
+    ds = DatasetRecord(id="ds1", name="d", owner_id="owner-a", kind="data", schema=None,
+                       rows=0, created_at="2025-01-01T00:00:00Z")
+    return replace(ds, **changes)
+
+
+def _owner(subject: str = "owner-a"):
+    from ppfs_gateway.auth import Principal
+    from ppfs_gateway.core.config import Role
+
+    return Principal(Role.DATA_OWNER, subject)
+
+
+def test_check_manifest_accepts_a_consistent_upload():
+    from ppfs_gateway.uploads import check_manifest
+
+    man, up = _gateway_upload()
+    got, schema = check_manifest(_dataset(), up, _owner(), 3, _Registry())
+    assert got == man
+    assert (schema.columns, schema.label_column, schema.classes, schema.scheme) == (
+        ("a", "b"), "y", ("no", "yes"), "rep3")
+    # a data owner the data set was granted to uploads too
+    _, up = _gateway_upload(owner_id="owner-b")
+    check_manifest(_dataset(grants=("owner-b",)), up, _owner("owner-b"), 3, _Registry())
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"dataset_id": "ds2"}, "another data set or upload"),
+    ({"owner_id": "owner-b"}, "another owner"),
+    ({"scheme": "rep4"}, "shares with rep3"),
+    ({"part_sha256": ("0" * 64,) * 3}, "does not match the manifest's digest"),
+    ({"rows": 0}, "shape is inconsistent"),
+    ({"column_exponents": (0,)}, "shape is inconsistent"),
+    ({"columns": ("a", "a")}, "repeat or include the label"),
+    ({"columns": ("a", "y")}, "repeat or include the label"),
+    ({"classes": ("only",)}, "at least two classes"),
+    ({"frac_bits": 41}, "fractional bits are out of range"),
+])
+def test_check_manifest_refuses_an_inconsistent_manifest(changes, match):
+    from ppfs_gateway.errors import MalformedUpload
+    from ppfs_gateway.uploads import check_manifest
+
+    _, up = _gateway_upload(**changes)
+    with pytest.raises(MalformedUpload, match=match):
+        check_manifest(_dataset(), up, _owner(), 3, _Registry())
+
+
+def test_check_manifest_refuses_strangers_repeats_and_other_schemas():
+    from ppfs_gateway.errors import Conflict, Forbidden, IncompatibleSchemas
+    from ppfs_gateway.uploads import check_manifest
+
+    _, up = _gateway_upload(owner_id="owner-b")
+    with pytest.raises(Forbidden):
+        check_manifest(_dataset(), up, _owner("owner-b"), 3, _Registry())
+    _, up = _gateway_upload()
+    with pytest.raises(Conflict, match="already exists"):
+        check_manifest(_dataset(), up, _owner(), 3, _Registry(("up1",)))
+    _, first = check_manifest(_dataset(), up, _owner(), 3, _Registry())
+    _, other = _gateway_upload(columns=("a", "c"))
+    with pytest.raises(IncompatibleSchemas):
+        check_manifest(_dataset(schema=first, upload_ids=("up0",)), other, _owner(), 3,
+                       _Registry())
