@@ -456,7 +456,7 @@ def nothing() -> Any:
 
 
 class RealCluster:
-    """Engineer A's party daemons (ppfs_party) in this process, mutual TLS, port 0."""
+    """The party daemons (ppfs_party) in this process, mutual TLS, port 0."""
 
     def __init__(self, n: int, root: Path, engines: tuple[str, ...], **overrides: Any) -> None:
         from party_harness import Deployment
