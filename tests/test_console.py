@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service_fakes import owner_table
 
 from ppfs import oracle
+from ppfs.contract import Reveal
 from ppfs.engines.registry import get_engine
 from ppfs.synthetic import make_table
 
@@ -108,14 +109,17 @@ def _upload(s: UpStack, name: str, seed: int) -> tuple[str, object]:
     ds = a.create_dataset(name)
     a.upload_table(s.keys("owner-a"), owner_table(t), ds["id"])
     admin.grant(ds["id"], "analyst")
-    a.consent(s.keys("owner-a"), ds["id"], "analyst", s.keys("analyst").box_public_key)
+    # selection and model: the watched job trains, so it stays running while the page loads
+    a.consent(s.keys("owner-a"), ds["id"], "analyst", s.keys("analyst").box_public_key,
+              Reveal.MODEL)
     return ds["id"], t
 
 
-def _submit(s: UpStack, ds_id: str, engine: str | None = None) -> str:
+def _submit(s: UpStack, ds_id: str, engine: str | None = None,
+            training: dict[str, float] | None = None) -> str:
     job = s.client("analyst").submit(
         s.keys("analyst"), [ds_id], label="label", k=K, security="passive-3pc",
-        engine=engine or _engine(),
+        engine=engine or _engine(), training=training,
     )  # fmt: skip
     return str(job["id"])
 
@@ -331,9 +335,12 @@ def test_console_follows_a_job_without_exposing_the_token(
     # the jobs page, then a job submitted through the SDK appears and is followed live
     d.find_element(By.CSS_SELECTOR, "a[data-route=jobs]").click()
     wait.until(ec.presence_of_element_located((By.ID, "jobs-box")))
-    # MPyC: slow enough on this tiny table that the console sees every phase live
+    # MPyC with training (Step 2B): a run long enough that the console sees it running
+    # however long submitting took on a loaded machine
     submitted: list[str] = []
-    worker = threading.Thread(target=lambda: submitted.append(_submit(up, ds_id, "mpyc")))
+    training = {"epochs": 15, "batch_size": 4, "learning_rate": 0.5}
+    worker = threading.Thread(
+        target=lambda: submitted.append(_submit(up, ds_id, "mpyc", training)))
     worker.start()
     worker.join(120)
     job_id = submitted[0]
