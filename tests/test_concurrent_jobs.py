@@ -1,6 +1,7 @@
 """Jobs side by side: the gateway's port book (pure), then two jobs through the real
 gateway (REST, port 0) and real party daemons (gRPC over mutual TLS, port 0) on MPyC
-with tiny tables, gateway and parties allowing two jobs at once.
+with tiny tables, gateway and parties allowing two jobs at once; and the gateway's
+scheduling against fake parties (order, limit, ports held until every party is final).
 
 Both jobs are seen running on every party at one moment: each party's engine waits
 at its start until two runs are under way there (or gives up after a minute) and then
@@ -12,7 +13,9 @@ covered by test_gateway_contract, test_job_contract and test_gateway_load.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,12 +25,21 @@ import numpy as np
 import pytest
 from ppfs_gateway.jobs import PortBook
 from ppfs_party import state as party_state
-from service_fakes import RealCluster, make_stack, owner_table, wait_final
+from service_fakes import (
+    FakeCluster,
+    FakeParty,
+    RealCluster,
+    horizontal_setup,
+    make_stack,
+    owner_table,
+    wait_final,
+)
 
 from ppfs.engines.base import Engine, PartyRunResult, PartyRunSpec
 from ppfs.fixedpoint import FixedPoint
 from ppfs.step2a import Step2AShape, mirror
 from ppfs.synthetic import make_table
+from ppfs.v1 import party_pb2 as pb
 
 pytest.importorskip("ppfs_party.server", reason="the party daemon (ppfs_party) is not built")
 
@@ -156,3 +168,85 @@ def test_two_jobs_run_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             assert {both[0][a]["mpc_port"], both[0][b]["mpc_port"]} <= set(range(base, base + 4))
     finally:
         s.close()
+
+
+def _wait(check: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.05)
+
+
+def test_scheduler_order_limit_and_ports_held_until_every_party_is_final(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fake parties with two ports each, the gateway allowing three jobs (so two, the
+    port cap): three jobs start in submission order, the third only when a port is
+    free at every party, which for a failed job is once its last party reports it
+    final, not when the gateway marks it failed."""
+    # Carol acknowledges cancels of job 1 but her engine of it goes on (a straggler)
+    straggle: set[str] = set()
+    cancel = FakeParty.CancelJob
+
+    async def late_cancel(self: FakeParty, request: Any, context: Any) -> Any:
+        if self.index == 2 and request.job_id in straggle:
+            return pb.CancelJobResponse(state=self.jobs[request.job_id].status.state)
+        return await cancel(self, request, context)
+
+    monkeypatch.setattr(FakeParty, "CancelJob", late_cancel)
+    cluster = FakeCluster(3, tmp_path)
+    cluster.mpc_port_count = 2
+    cluster.hold = True  # every job runs until released
+    s = make_stack(tmp_path, cluster=cluster, max_concurrent_jobs=3, party_lost_seconds=6.0)
+    try:
+        _, ids, _ = horizontal_setup(s)
+        carol = cluster.parties[2]
+        analyst, keys = s.client("analyst-1"), s.keys["analyst-1"]
+        jobs = [analyst.submit(keys, ids, label="label", k=1 + n) for n in range(3)]
+        one, two, three = (j["id"] for j in jobs)
+        straggle.add(one)
+
+        def states() -> list[str]:
+            return [analyst.get_job(j)["state"] for j in (one, two, three)]
+
+        _wait(lambda: states()[:2] == ["running", "running"], "jobs 1 and 2 running")
+        assert states()[2] == "queued"
+        assert all(three not in p.jobs for p in cluster.parties)  # never sent
+        for p in cluster.parties:  # the two running jobs on different ports everywhere
+            ports = [p.jobs[j].desc.peer_mpc_addresses[p.index] for j in (one, two)]
+            assert len(set(ports)) == 2, ports
+        # job 1 fails at Alice; Carol's engine of it keeps running after the cancel
+        s.loop.run(_set(cluster.parties[0], one, state=pb.JOB_STATE_FAILED,
+                        failure=pb.FAILURE_KIND_OWN, error="engine exited with code 1"))
+        _wait(lambda: states()[0] == "failed", "job 1 failed")
+        _wait(lambda: cluster.parties[1].jobs[one].status.state == pb.JOB_STATE_CANCELLED,
+              "Bob cancelled job 1")
+        assert carol.jobs[one].status.state == pb.JOB_STATE_RUNNING
+        assert states()[2] == "queued"  # a slot is free, but no port at Carol
+        assert all(three not in p.jobs for p in cluster.parties)
+        # Carol's engine of job 1 ends: its ports come back, job 3 starts on them
+        s.loop.run(_set(carol, one, state=pb.JOB_STATE_CANCELLED))
+        _wait(lambda: states()[2] == "running", "job 3 running")
+        for p in cluster.parties:
+            port = p.jobs[three].desc.peer_mpc_addresses[p.index]
+            assert port == p.jobs[one].desc.peer_mpc_addresses[p.index]
+            assert port != p.jobs[two].desc.peer_mpc_addresses[p.index]
+        # its description, pinned with these ports, is what every party was sent
+        job3 = analyst.get_job(three)
+        for p in cluster.parties:
+            blob = p.jobs[three].desc.SerializeToString(deterministic=True)
+            assert hashlib.sha256(blob).hexdigest() == job3["description_sha256"]
+        s.loop.run(_release(cluster))
+        assert wait_final(analyst, two)["state"] == "succeeded"
+        assert wait_final(analyst, three)["state"] == "succeeded"
+    finally:
+        s.close()
+
+
+async def _set(party: Any, job_id: str, **kw: Any) -> None:
+    party.set(job_id, **kw)
+
+
+async def _release(cluster: FakeCluster) -> None:
+    cluster.release.set()

@@ -462,7 +462,7 @@ class JobCoordinator:
                     desc = pb.JobDescription.FromString(job.description)
                     described = described_ports(desc)
                     ports = self.ports.take(
-                        job_id, [(i.mpc_port_base, i.mpc_port_count) for i in identities],
+                        job_id, [(i.mpc_port_base, max(1, i.mpc_port_count)) for i in identities],
                         prefer=described)
                     if ports is not None:
                         if ports != described:
