@@ -1,5 +1,5 @@
-"""Jobs on one party: the cheap checks, then input assembly, compiling and one engine
-run at a time, with durable records.
+"""Jobs on one party: the cheap checks, then input assembly, compiling and the engine
+run (at most ``max_concurrent_jobs`` at a time), with durable records.
 
 A job moves queued -> running -> succeeded | failed | cancelled (ppfs.contract.JobState).
 StartJob only checks: the description's hash, the contract (ppfs.contract.JobContract),

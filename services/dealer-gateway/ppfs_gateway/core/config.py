@@ -8,7 +8,8 @@ The config file is JSON::
       "parties": [{"address": "alice:7000", "tls_server_name": "Alice"}, ...],
       "tls": {"ca_cert": "ca.pem", "client_cert": "gw.pem", "client_key": "gw.key"},
       "tokens_file": "tokens.json",
-      "https_cert": "https.pem", "https_key": "https.key"     (optional)
+      "https_cert": "https.pem", "https_key": "https.key",    (optional)
+      "max_concurrent_jobs": 2                                (optional, default 1)
     }
 
 and the tokens file a list of ``{"token": ..., "role": ..., "subject": ...}``. Relative
