@@ -169,6 +169,7 @@ async def spawn_party(
         "--mpc-port", str(settings.mpc_port_base), "--port-file", str(port_file),
         "--mpc-port-count", str(settings.mpc_port_count),
         "--max-upload-bytes", str(settings.max_upload_bytes),
+        "--max-concurrent-jobs", str(settings.max_concurrent_jobs),
     ]
     if settings.mpc_bind_host:
         argv += ["--mpc-bind-host", settings.mpc_bind_host]

@@ -105,6 +105,7 @@ class FakeParty(pb_grpc.PartyServiceServicer):
             engines=["mp-spdz", "mpyc"],
             mpc_host="127.0.0.1",
             mpc_port_base=15000 + 10 * self.index,
+            mpc_port_count=self.cluster.mpc_port_count,
         )
 
     async def PutUploadPart(self, request_iterator: Any, context: Any) -> Any:
@@ -267,6 +268,7 @@ class FakeCluster:
         self.refuse_start: int | None = None
         self.tamper_result: int | None = None
         self.hold = False  # keep jobs running until released
+        self.mpc_port_count = 1  # each party's MPC ports (GetIdentity)
         self.release = asyncio.Event()
         self.ca = CertificateAuthority.create("test deployment CA")
         self.tls_dir = root / "pki"

@@ -17,7 +17,7 @@ Layout of the state directory (private files mode 0600)::
 again on the same ports, after 1, 2, 4, 8 then 16 s; a party that dies five times in a
 row without staying up a minute is left stopped, and SIGHUP to ``ppfs up`` starts it
 again. The gateway fails the job that was running, naming the party that died. Each
-party gets MPC_PORTS consecutive MPC ports, one per job in rotation.
+party gets MPC_PORTS consecutive MPC ports; each running job holds one of every party.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ START_TIMEOUT = 60.0
 # MPC ports per party: the gateway gives each job the next one, so an engine still
 # winding down from one job never meets the next job's engines
 MPC_PORTS = 4
+DEFAULT_CONCURRENT = 2  # jobs side by side (each holds one MPC port of every party)
 RESTART_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0)
 STABLE_SECONDS = 60.0  # a party up this long has its restart count reset
 
@@ -218,8 +219,9 @@ class Stack:
             await asyncio.sleep(0.1)
         raise PpfsError(f"{name} did not start within {START_TIMEOUT:.0f} s")
 
-    async def start(self, port: int) -> None:
+    async def start(self, port: int, max_concurrent_jobs: int = DEFAULT_CONCURRENT) -> None:
         lay = self.layout
+        concurrent = str(max(1, min(max_concurrent_jobs, MPC_PORTS)))
         run = lay.root / "run"
         run.mkdir(exist_ok=True)
         mpc_ports = free_port_ranges(lay.parties, MPC_PORTS)
@@ -240,6 +242,7 @@ class Stack:
                 "--mpc-host", "127.0.0.1", "--mpc-port", str(mpc_ports[i]),
                 "--mpc-port-count", str(MPC_PORTS), "--mpc-bind-host", "127.0.0.1",
                 "--metrics-listen", f"127.0.0.1:{metrics_ports[i]}",
+                "--max-concurrent-jobs", concurrent,
             ]  # fmt: skip
             self.metrics[name] = f"http://127.0.0.1:{metrics_ports[i]}/metrics"
             proc = await self._spawn(name, argv)
@@ -264,6 +267,7 @@ class Stack:
             "host": "127.0.0.1",
             "port": port,
             "metrics_listen": f"127.0.0.1:{metrics_ports[-1]}",
+            "max_concurrent_jobs": int(concurrent),
         }
         self.metrics["gateway"] = f"http://127.0.0.1:{metrics_ports[-1]}/metrics"
         (gw_dir / "gateway.json").write_text(json.dumps(config, indent=1))
@@ -378,7 +382,7 @@ async def run_stack(args: argparse.Namespace) -> int:
     layout = await asyncio.to_thread(prepare, args.state_dir, args.parties)
     stack = Stack(layout)
     try:
-        await stack.start(args.port)
+        await stack.start(args.port, args.max_concurrent_jobs)
         names = ", ".join(PARTY_NAMES[: args.parties])
         print(f"ppfs: {args.parties} parties ({names}) and the gateway are up")
         print(f"  gateway      {stack.url}   (OpenAPI: {stack.url}/docs)")
@@ -415,7 +419,8 @@ async def run_demo(args: argparse.Namespace) -> int:
         layout = await asyncio.to_thread(prepare, root, args.parties)
         stack = Stack(layout)
         try:
-            await stack.start(0 if args.state_dir is None else args.port)
+            await stack.start(0 if args.state_dir is None else args.port,
+                              args.max_concurrent_jobs)
             print(f"demo: stack up, gateway {stack.url}, engine {engine}", file=sys.stderr)
             return await asyncio.to_thread(_demo_flow, stack, layout, args, engine)
         finally:
@@ -561,6 +566,14 @@ def _stack_args(p: argparse.ArgumentParser, default_dir: str | None = ".ppfs") -
         + (" (default ./.ppfs)" if default_dir else " (default: a temporary directory)"),
     )
     p.add_argument("--port", type=int, default=8080, help="gateway port (0: any free port)")
+    p.add_argument(
+        "--max-concurrent-jobs",
+        type=int,
+        default=DEFAULT_CONCURRENT,
+        metavar="N",
+        help=f"jobs run side by side, 1..{MPC_PORTS} (default {DEFAULT_CONCURRENT}); "
+        "given to the gateway and every party",
+    )
     p.add_argument(
         "--engine",
         choices=["mp-spdz", "mpyc"],

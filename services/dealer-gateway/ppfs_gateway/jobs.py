@@ -7,8 +7,14 @@ final state. It fails naming the party whose own state failed, that refused to
 start it, or that could not be reached for ``party_lost_seconds``; who is blamed
 follows from the failure kind each party reports (ppfs.contract.FailureKind).
 
-Each job gets one MPC port per party from the party's advertised range, rotating, so
-consecutive jobs never share a port where a party offers more than one.
+Up to ``max_concurrent_jobs`` jobs run side by side, started in submission order (a job
+never overtakes an earlier one). When a job starts it is given one MPC port per party
+from that party's free ports (:class:`PortBook`), and its description is pinned with
+them; two unfinished jobs never share a port on any party. A job's ports are freed only
+once every party has reported it final (cancelled, failed or succeeded): a straggling
+engine of a failed or cancelled job never meets a later job's engine on its port. The
+free port after the last one handed out is taken first, so consecutive jobs rotate over
+a party's range as before.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +118,75 @@ def failure_reason(party: str, st: pb.JobStatus) -> str:
 def mpc_port(ident: pb.PartyIdentity, sequence: int) -> int:
     """The party's MPC port for the job with this sequence number (rotating)."""
     return ident.mpc_port_base + sequence % max(1, ident.mpc_port_count)
+
+
+class PortBook:
+    """Which MPC port of each party every unfinished job holds (pure bookkeeping).
+
+    A job takes one port per party, each free at that party; it gives them back with
+    :meth:`release` once every party has reported it final."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[int, ...]] = {}
+        self._last: dict[int, int] = {}  # party index -> the port it handed out last
+
+    def holders(self) -> dict[str, tuple[int, ...]]:
+        return dict(self._held)
+
+    def busy(self, party: int) -> set[int]:
+        return {ports[party] for ports in self._held.values()}
+
+    def take(
+        self, job_id: str, ranges: Sequence[tuple[int, int]], prefer: Sequence[int] = (),
+    ) -> tuple[int, ...] | None:
+        """One free port per party ((base, count) each), or None while some party has
+        none free: the ports ``prefer`` names when each is in range and free, else the
+        free port after the party's last one (rotation)."""
+        if job_id in self._held:
+            return self._held[job_id]
+        if len(prefer) == len(ranges) and all(
+            base <= port < base + count and port not in self.busy(i)
+            for i, (port, (base, count)) in enumerate(zip(prefer, ranges, strict=True))
+        ):
+            self.hold(job_id, prefer)
+            return self._held[job_id]
+        chosen = []
+        for i, (base, count) in enumerate(ranges):
+            busy = self.busy(i)
+            start = (self._last.get(i, base - 1) - base + 1) % max(1, count)
+            free = [base + (start + j) % count for j in range(count)
+                    if base + (start + j) % count not in busy]
+            if not free:
+                return None
+            chosen.append(free[0])
+        for i, port in enumerate(chosen):
+            self._last[i] = port
+        self._held[job_id] = tuple(chosen)
+        return self._held[job_id]
+
+    def hold(self, job_id: str, ports: Sequence[int]) -> None:
+        """Record ports a job already holds (a running job found after a restart)."""
+        self._held[job_id] = tuple(ports)
+        for i, port in enumerate(ports):
+            self._last[i] = port
+
+    def release(self, job_id: str) -> None:
+        self._held.pop(job_id, None)
+
+
+def pin_ports(desc: pb.JobDescription, identities: Sequence[pb.PartyIdentity],
+              ports: Sequence[int]) -> tuple[pb.JobDescription, str]:
+    """The description with these MPC ports (one per party), and its SHA-256."""
+    pinned = pb.JobDescription()
+    pinned.CopyFrom(desc)
+    del pinned.peer_mpc_addresses[:]
+    pinned.peer_mpc_addresses.extend(
+        f"{i.mpc_host}:{p}" for i, p in zip(identities, ports, strict=True))
+    return pinned, description_sha256(pinned)
+
+
+def described_ports(desc: pb.JobDescription) -> tuple[int, ...]:
+    return tuple(int(a.rpartition(":")[2]) for a in desc.peer_mpc_addresses)
 
 
 def plan_job(
@@ -215,7 +291,10 @@ def plan_job(
 class JobCoordinator:
     """Starts jobs on every party and keeps the registry in step with them."""
 
-    def __init__(self, registry: Registry, parties: Parties, lost_seconds: float) -> None:
+    def __init__(
+        self, registry: Registry, parties: Parties, lost_seconds: float,
+        max_concurrent: int = 1,
+    ) -> None:
         self.registry = registry
         self.parties = parties
         self.lost_seconds = lost_seconds
@@ -227,7 +306,12 @@ class JobCoordinator:
         self.silence_seconds = lost_seconds - self.poll_seconds - self.rpc_seconds
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._changed: dict[str, asyncio.Event] = {}
-        self._dispatch = asyncio.Lock()
+        # scheduling: at most max_concurrent jobs running, started in submission order
+        self.max_concurrent = max(1, max_concurrent)
+        self._waiting: deque[str] = deque()  # jobs not started yet, in submission order
+        self._running: set[str] = set()
+        self.ports = PortBook()
+        self._wake = asyncio.Event()  # set (and replaced) at every change that may admit
         # all-or-nothing uploads: their commit/abort decisions, checks and repairs
         self.uploads = UploadKeeper(registry, parties, rpc_seconds=self.rpc_seconds)
         # told of every change of a job (metrics); must not raise or block
@@ -300,7 +384,13 @@ class JobCoordinator:
         """After a restart: pick up every job that had not reached a final state (and
         start sending pending upload decisions)."""
         await self.uploads.start()
-        for job in self.registry.unfinished_jobs():
+        unfinished = self.registry.unfinished_jobs()
+        for job in unfinished:  # running jobs keep the ports they were started with
+            if job.state == "running":
+                desc = pb.JobDescription.FromString(job.description)
+                self.ports.hold(job.id, described_ports(desc))
+                self._running.add(job.id)
+        for job in unfinished:
             log.info("[Gateway.Reconcile] job=%s state=%s", job.id, job.state)
             self._spawn(job.id, resume=True)
 
@@ -316,14 +406,109 @@ class JobCoordinator:
     # -- running -----------------------------------------------------------------
 
     async def _run(self, job_id: str, resume: bool) -> None:
-        # One job at a time, in submission order: every party then receives StartJob in
-        # the same order, so no two parties ever run different jobs against each other
-        # on their (single) MPC ports. asyncio.Lock wakes its waiters first in, first out.
-        async with self._dispatch:
-            job = self.registry.get_job(job_id)
+        admitted = job_id in self._running  # a running job picked up after a restart
+        if not admitted:
+            self._waiting.append(job_id)
+        try:
+            job = self.registry.get_job(job_id) if admitted else await self._admit(job_id)
             if job is None or job.state in FINAL_STATES:
                 return  # cancelled while queued
-            await self._start_and_watch(job, resume)
+            try:
+                await self._start_and_watch(job, resume)
+            finally:
+                self._running.discard(job_id)
+                self._kick()
+            # the job is final here; its ports stay taken until every party says so
+            await self._settle(job_id)
+        finally:
+            if job_id in self._waiting:
+                self._waiting.remove(job_id)
+            self._running.discard(job_id)
+            self.ports.release(job_id)
+            self._kick()
+
+    def _kick(self) -> None:
+        """Wake every job waiting to start (something that may admit one changed)."""
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    async def limit(self) -> int:
+        """Jobs that may run at once: the setting, capped by the smallest port range."""
+        identities = await self.parties.identities()
+        return max(1, min(self.max_concurrent,
+                          *(max(1, i.mpc_port_count) for i in identities)))
+
+    async def _admit(self, job_id: str) -> JobRecord | None:
+        """Wait until the job is the earliest waiting one, fewer than the limit run and
+        every party has a free port; then take the ports and pin them in the job's
+        description. None when the job became final (cancelled) while it waited."""
+        while True:
+            wake = self._wake
+            job = self.registry.get_job(job_id)
+            if job is None or job.state in FINAL_STATES:
+                return None
+            if self._waiting and self._waiting[0] == job_id:
+                try:
+                    identities = await self.parties.identities()
+                    limit = await self.limit()
+                except GatewayError as exc:  # not reachable yet: try again shortly
+                    log.warning("[Gateway.Job] job=%s waits for the parties: %s", job_id,
+                                type(exc).__name__)
+                    identities, limit = [], 0
+                job = self.registry.get_job(job_id)
+                if job is None or job.state in FINAL_STATES:
+                    return None
+                if identities and len(self._running) < limit:
+                    desc = pb.JobDescription.FromString(job.description)
+                    described = described_ports(desc)
+                    ports = self.ports.take(
+                        job_id, [(i.mpc_port_base, max(1, i.mpc_port_count)) for i in identities],
+                        prefer=described)
+                    if ports is not None:
+                        if ports != described:
+                            pinned, sha = pin_ports(desc, identities, ports)
+                            self.registry.set_job_description(
+                                job_id, pinned.SerializeToString(deterministic=True), sha)
+                        self._waiting.popleft()
+                        self._running.add(job_id)
+                        log.info("[Gateway.Job] job=%s starts on ports %s (%d running)",
+                                 job_id, ",".join(map(str, ports)), len(self._running))
+                        self._kick()
+                        return self.registry.get_job(job_id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), 5.0)
+
+    async def _settle(self, job_id: str) -> None:
+        """Until every party has reported the (final) job final: a party that does not
+        know it is sent a cancel (it then refuses a late StartJob), one still running it
+        is sent another; an unreachable party is asked again, without end."""
+        attempt = 0
+        while True:
+            job = self.registry.get_job(job_id)
+            if job is None:
+                return
+            pending = [c for c in self.parties.clients
+                       if job.parties[c.index].state not in FINAL_STATES]
+            if not pending:
+                return
+            for c in pending:
+                try:
+                    st = await c.get_job(job_id, timeout=self.rpc_seconds)
+                    await self._apply(job_id, c, st)
+                    if not JobState.from_proto(st.state).final and attempt > 0:
+                        await c.cancel_job(job_id)
+                except NotFound:
+                    with contextlib.suppress(GatewayError):
+                        await c.cancel_job(job_id)
+                        st = await c.get_job(job_id, timeout=self.rpc_seconds)
+                        await self._apply(job_id, c, st)
+                except GatewayError:
+                    pass
+            attempt += 1
+            if attempt == 1 or attempt % 20 == 0:
+                log.info("[Gateway.Job] job=%s keeps its ports until %s report it final",
+                         job_id, ", ".join(c.name for c in pending))
+            await asyncio.sleep(self.poll_seconds)
 
     async def _start_and_watch(self, job: JobRecord, resume: bool) -> None:
         job_id = job.id
@@ -508,6 +693,7 @@ class JobCoordinator:
         return job
 
     def _notify(self, job_id: str) -> None:
+        self._kick()  # a job cancelled while it waits leaves the queue
         ev = self._changed.pop(job_id, None)
         if ev is not None:
             ev.set()

@@ -225,7 +225,8 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
         private_state_dir(settings.state_dir)
         registry = Registry(settings.db_path)
         conn = parties or Parties.connect(settings)
-        coordinator = JobCoordinator(registry, conn, settings.party_lost_seconds)
+        coordinator = JobCoordinator(registry, conn, settings.party_lost_seconds,
+                                     settings.max_concurrent_jobs)
         app.state.resources = GatewayResources(
             settings=settings,
             registry=registry,

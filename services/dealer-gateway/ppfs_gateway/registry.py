@@ -489,6 +489,16 @@ class Registry:
                     (job_id, i, "queued"),
                 )
 
+    def set_job_description(self, job_id: str, description: bytes, sha256: str) -> bool:
+        """Pin a queued job's description anew (its MPC ports, when it starts)."""
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE jobs SET description = ?, description_sha256 = ?, updated_at = ?"
+                " WHERE id = ? AND state = 'queued'",
+                (description, sha256, now(), job_id),
+            )
+            return cur.rowcount == 1
+
     def set_job_state(self, job_id: str, state: str, error: str = "") -> bool:
         """Move a job to ``state``; a final state is never left. True when it changed."""
         with self._tx() as db:

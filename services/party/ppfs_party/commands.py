@@ -49,6 +49,8 @@ def add_commands(subparsers: Any) -> None:
     serve.add_argument("--engine", action="append", choices=["mp-spdz", "mpyc"], default=None,
                        help="offer this engine (repeatable; default: every usable one)")
     serve.add_argument("--max-upload-bytes", type=int, default=DEFAULT_MAX_UPLOAD)
+    serve.add_argument("--max-concurrent-jobs", type=int, default=1, metavar="N",
+                       help="engine runs at once; a job beyond waits queued (default 1)")
     serve.add_argument("--job-timeout", type=float, default=None,
                        help="engine time limit per run in seconds")
     serve.add_argument("--port-file", type=Path, default=None,
@@ -112,6 +114,7 @@ def _settings(args: argparse.Namespace) -> PartySettings:
         kwargs.update(
             listen=args.listen, mpc_host=args.mpc_host, mpc_port_base=args.mpc_port,
             mpc_port_count=args.mpc_port_count,
+            max_concurrent_jobs=args.max_concurrent_jobs,
             mpc_bind_host=args.mpc_bind_host, max_upload_bytes=args.max_upload_bytes,
             job_timeout=args.job_timeout, port_file=args.port_file,
             mpspdz_cache=args.mpspdz_cache, metrics_listen=args.metrics_listen,

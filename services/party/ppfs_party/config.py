@@ -31,12 +31,15 @@ class PartySettings:
     stop_grace: float = 5.0  # seconds in-flight calls get on SIGTERM
     port_file: Path | None = None  # write the bound control-plane port here (port 0)
     metrics_listen: str | None = None  # Prometheus /metrics, plain HTTP, internal; None: off
+    max_concurrent_jobs: int = 1  # engine runs at once; later jobs wait queued for a slot
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < len(PARTY_NAMES):
             raise ParameterError(f"party index must be 0..{len(PARTY_NAMES) - 1}")
         if not 1 <= self.mpc_port_count <= 1000 or self.mpc_port_base + self.mpc_port_count > 65536:
             raise ParameterError("mpc_port_count must be 1..1000 and the range end below 65536")
+        if not 1 <= self.max_concurrent_jobs <= 64:
+            raise ParameterError("max_concurrent_jobs must be 1..64")
         if self.max_upload_bytes < 1:
             raise ParameterError("max_upload_bytes must be positive")
 

@@ -1,5 +1,5 @@
-"""Jobs on one party: the cheap checks, then input assembly, compiling and one engine
-run at a time, with durable records.
+"""Jobs on one party: the cheap checks, then input assembly, compiling and the engine
+run (at most ``max_concurrent_jobs`` at a time), with durable records.
 
 A job moves queued -> running -> succeeded | failed | cancelled (ppfs.contract.JobState).
 StartJob only checks: the description's hash, the contract (ppfs.contract.JobContract),
@@ -12,6 +12,13 @@ records the job (queued, durably) and answers at once. Assembling the inputs and
 compiling the program are the job's first phases, reported as progress; a compile
 that finishes after the job was cancelled still lands in the engine's cache for the
 next job of the same program.
+
+Up to ``max_concurrent_jobs`` engines run at once (``--max-concurrent-jobs``, default
+1); a job beyond that stays queued ("waiting for the engine") until a run ends, and a
+cancel stops it there like anywhere else. A job also waits while another job of this
+party still holds its MPC port. Every party should allow at least the gateway's
+``max_concurrent_jobs``: two parties that start different queued jobs first would
+each wait for the other until the engine's connect timeout fails one of them.
 
 Its record is a JSON file ``<state>/jobs/<job_id>.json`` written atomically at every
 change; on start a job found queued or running is marked failed (kind "restarted"),
@@ -152,7 +159,8 @@ class JobRunner:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._changed: dict[str, asyncio.Condition] = {}
         self._version: dict[str, int] = {}
-        self._slot = asyncio.Semaphore(1)  # one engine run at a time
+        self._slot = asyncio.Semaphore(settings.max_concurrent_jobs)  # engine runs at once
+        self._ports: dict[int, asyncio.Lock] = {}  # MPC port -> held by the job using it
         self._start_lock = asyncio.Lock()
         # compiles go on when their job is cancelled: the program is cached for the next
         self._compiles: set[asyncio.Task[str]] = set()
@@ -345,7 +353,8 @@ class JobRunner:
                 bind_host=self.settings.mpc_bind_host,
                 session_tag=job.session_tag(rec.description_sha256),
             )
-            async with self._slot:
+            port = self._ports.setdefault(rec.mpc_port, asyncio.Lock())
+            async with port, self._slot:
                 await self._update(rec, state=RUNNING, phase="starting", progress=0.04)
                 log.info("[Party.job] job=%s running", job_id)
                 pending: list[str] = []

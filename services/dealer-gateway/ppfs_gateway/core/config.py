@@ -8,7 +8,8 @@ The config file is JSON::
       "parties": [{"address": "alice:7000", "tls_server_name": "Alice"}, ...],
       "tls": {"ca_cert": "ca.pem", "client_cert": "gw.pem", "client_key": "gw.key"},
       "tokens_file": "tokens.json",
-      "https_cert": "https.pem", "https_key": "https.key"     (optional)
+      "https_cert": "https.pem", "https_key": "https.key",    (optional)
+      "max_concurrent_jobs": 2                                (optional, default 1)
     }
 
 and the tokens file a list of ``{"token": ..., "role": ..., "subject": ...}``. Relative
@@ -87,6 +88,9 @@ class Settings(BaseModel):
     max_upload_bytes: int = Field(default=256 << 20, ge=1024)
     party_lost_seconds: float = Field(default=60.0, gt=0)
     party_rpc_seconds: float = Field(default=30.0, gt=0)
+    # jobs running side by side (started in submission order); capped by the smallest
+    # party MPC port range, as each running job holds one port of every party
+    max_concurrent_jobs: int = Field(default=1, ge=1, le=64)
     # HTTPS for the REST API (bearer tokens travel in every request): certificate and key
     # files; without them the gateway speaks plain HTTP (localhost or behind a TLS proxy)
     https_cert: Path | None = None
