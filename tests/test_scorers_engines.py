@@ -156,6 +156,17 @@ def test_mpyc_matches_mirror_and_oracle(security, scorer, n_classes, tmp_path):
     _check(table, k, scorer, security, MpycEngine(timeout=600), tmp_path)
 
 
+@pytest.mark.parametrize("security", [Security.PASSIVE_3PC, Security.PASSIVE_4PC],
+                         ids=lambda s: s.value)
+@pytest.mark.parametrize("scorer", SCORERS, ids=lambda s: s.value)
+def test_mpyc_other_end_of_k(security, scorer, tmp_path):
+    """The k the test above does not run in this setting (k = 1 in 3PC, k = p - 1 in 4PC),
+    on two classes: every setting is checked at both ends."""
+    table = _table(24, 4, 2, seed=2)
+    k = table.p - 1 if security is Security.PASSIVE_4PC else 1
+    _check(table, k, scorer, security, MpycEngine(timeout=600), tmp_path)
+
+
 @pytest.mark.parametrize("scorer", SCORERS, ids=lambda s: s.value)
 def test_mpyc_at_the_value_bound(scorer, tmp_path):
     """Values at +-(2^31 - 1) (the row bound is the mirror's and MP-SPDZ's test: the
