@@ -127,7 +127,8 @@ def write_cert(path: Path, cert: x509.Certificate) -> None:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private_key(path: Path, data: bytes) -> None:
+    """Write a new private key: mode 0600 from the start, never over an existing file."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as fh:
@@ -143,7 +144,7 @@ def save_ca(ca: CertificateAuthority, directory: Path) -> None:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    _write_private(directory / "ca.key", pem)
+    write_private_key(directory / "ca.key", pem)
     write_cert(directory / "ca.pem", ca.cert)
 
 

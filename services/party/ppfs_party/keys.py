@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,20 +35,12 @@ from ppfs.pki import (
     certify_party_key_request,
     party_key_and_csr,
     write_cert,
+    write_private_key,
 )
 from ppfs_party.errors import NotReadyError
 
 CONTROL = "control"
 KEY_REQUEST = "party-keys.json"
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _mpc(engine: str) -> str:
@@ -127,9 +118,9 @@ def load_or_create(
     csr_dir.mkdir(parents=True, exist_ok=True)
     box_path, sign_path = keys / "box.key", keys / "signing.key"
     if not box_path.is_file():
-        _write_private(box_path, bytes(PrivateKey.generate()))
+        write_private_key(box_path, bytes(PrivateKey.generate()))
     if not sign_path.is_file():
-        _write_private(sign_path, bytes(SigningKey.generate()))
+        write_private_key(sign_path, bytes(SigningKey.generate()))
     box, signing = PrivateKey(box_path.read_bytes()), SigningKey(sign_path.read_bytes())
     (csr_dir / KEY_REQUEST).write_text(json.dumps({
         "index": index, "name": PARTY_NAMES[index],
