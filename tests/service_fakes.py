@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -604,3 +605,25 @@ def horizontal_setup(s: Stack, m: int = 40, p: int = 8, seed: int = 3):
     fp = FixedPoint()
     raw = fp.encode(t.x, np.asarray(exps), t.columns)
     return t, [ds_a["id"], ds_b["id"]], raw
+
+
+CLIENT_ENV = ("PPFS_GATEWAY", "PPFS_TOKEN", "PPFS_KEY", "PPFS_DEPLOYMENT_CA")
+
+
+def run_cli(capsys: Any, s: Stack, subject: str, *argv: str) -> tuple[int, str, str]:
+    """`ppfs ARGV` in this process as ``subject`` (gateway, token, key file and trust
+    anchor from the environment, as a user's env file sets them): (exit code, stdout,
+    stderr)."""
+    from ppfs_cli.main import main
+
+    os.environ.update({
+        "PPFS_GATEWAY": s.gateway.url, "PPFS_TOKEN": s.token[subject],
+        "PPFS_KEY": str(s.keys[subject].path), "PPFS_DEPLOYMENT_CA": str(s.ca_pem),
+    })
+    try:
+        rc = main(list(argv))
+    finally:
+        for k in CLIENT_ENV:
+            os.environ.pop(k, None)
+    out, err = capsys.readouterr()
+    return rc, out, err

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from ppfs_cli.main import main
 from service_fakes import Stack, make_stack
+from service_fakes import run_cli as run
 
 from ppfs import oracle
 from ppfs.synthetic import make_table
@@ -28,22 +29,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = make_stack(tmp_path_factory.mktemp("cli"))
     yield s
     s.close()
-
-
-def run(
-    capsys: pytest.CaptureFixture[str], s: Stack, subject: str, *argv: str
-) -> tuple[int, str, str]:
-    os.environ["PPFS_GATEWAY"] = s.gateway.url
-    os.environ["PPFS_TOKEN"] = s.token[subject]
-    os.environ["PPFS_KEY"] = str(s.keys[subject].path)
-    os.environ["PPFS_DEPLOYMENT_CA"] = str(s.ca_pem)
-    try:
-        rc = main(list(argv))
-    finally:
-        for k in ("PPFS_GATEWAY", "PPFS_TOKEN", "PPFS_KEY", "PPFS_DEPLOYMENT_CA"):
-            os.environ.pop(k, None)
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def write_csv(

@@ -7,7 +7,6 @@ restores service. Every job result is checked against the mirror."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 import time
@@ -17,9 +16,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ppfs_cli.main import main
 from ppfs_client.sdk import ApiError, build_upload
-from service_fakes import RealCluster, Stack, make_stack, owner_table, wait_final
+from service_fakes import (
+    RealCluster,
+    Stack,
+    make_stack,
+    owner_table,
+    run_cli,
+    wait_final,
+)
 
 from ppfs.fixedpoint import FixedPoint
 from ppfs.step2a import Step2AShape, mirror
@@ -69,22 +74,6 @@ def wait_until(what, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.1)
-
-
-def run_cli(
-    capsys: pytest.CaptureFixture[str], s: Stack, subject: str, *argv: str
-) -> tuple[int, str, str]:
-    os.environ["PPFS_GATEWAY"] = s.gateway.url
-    os.environ["PPFS_TOKEN"] = s.token[subject]
-    os.environ["PPFS_KEY"] = str(s.keys[subject].path)
-    os.environ["PPFS_DEPLOYMENT_CA"] = str(s.ca_pem)
-    try:
-        rc = main(list(argv))
-    finally:
-        for k in ("PPFS_GATEWAY", "PPFS_TOKEN", "PPFS_KEY", "PPFS_DEPLOYMENT_CA"):
-            os.environ.pop(k, None)
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def run_job(s: Stack, dataset_id: str, t, rows: int, k: int = 1) -> None:
