@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -43,10 +44,11 @@ from ppfs.contract import (
     plan,
 )
 from ppfs.durable import free_ports
+from ppfs.engines.mpyc_engine import MpycEngine
 from ppfs.pki import CertificateAuthority, issue_client_identity
 from ppfs.scoring import Scorer
 from ppfs.sharing import Scheme, ShareBundle, bundles_for_all
-from ppfs.step2a import Security
+from ppfs.step2a import Security, Step2AShape
 from ppfs.step2b import TrainParams
 from ppfs.upload import Manifest, open_sealed, pack_bundles, seal, sign_manifest
 from ppfs.v1 import party_pb2, party_pb2_grpc
@@ -361,3 +363,26 @@ async def fetch_opened(
         out.append(np.frombuffer(open_sealed(part.sealed, recipient_box), dtype="<u8")
                    .astype(np.uint64))
     return out
+
+
+class SlowEngine:
+    """MPyC whose ``prepare`` takes ``seconds`` the first time a program is seen
+    (a slow compile), then finds it in its cache."""
+
+    def __init__(self, inner: MpycEngine, seconds: float) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.seconds = seconds
+        self.compiles: list[str] = []  # program hashes compiled (finished), in order
+        self.cache: set[str] = set()
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    async def prepare(self, shape: Step2AShape, security: Security) -> str:
+        digest = await self.inner.prepare(shape, security)
+        if digest not in self.cache:
+            await asyncio.sleep(self.seconds)
+            self.compiles.append(digest)
+            self.cache.add(digest)
+        return digest

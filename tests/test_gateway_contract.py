@@ -10,7 +10,6 @@ daemons (gRPC over mutual TLS, port 0) on MPyC with tiny tables:
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from party_harness import SlowEngine
 from ppfs_party import state as party_state
 from service_fakes import RealCluster, Stack, make_stack, owner_table, wait_final
 
@@ -25,33 +25,10 @@ from ppfs.engines.base import Engine
 from ppfs.engines.mpyc_engine import MpycEngine
 from ppfs.errors import ParameterError
 from ppfs.fixedpoint import FixedPoint
-from ppfs.step2a import Security, Step2AShape, mirror
+from ppfs.step2a import Step2AShape, mirror
 from ppfs.synthetic import make_table
 
 pytest.importorskip("ppfs_party.server", reason="the party daemon (ppfs_party) is not built")
-
-
-class SlowEngine:
-    """MPyC whose ``prepare`` takes ``seconds`` more the first time it sees a program
-    (a slow compile), then finds it in its cache."""
-
-    def __init__(self, inner: MpycEngine, seconds: float) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.seconds = seconds
-        self.compiles: list[str] = []
-        self.cache: set[str] = set()
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
-
-    async def prepare(self, shape: Step2AShape, security: Security) -> str:
-        digest = await self.inner.prepare(shape, security)
-        if digest not in self.cache:
-            await asyncio.sleep(self.seconds)
-            self.compiles.append(digest)
-            self.cache.add(digest)
-        return digest
 
 
 def _data(s: Stack, m: int = 12, p: int = 3, seed: int = 4):

@@ -22,6 +22,7 @@ from nacl.public import PrivateKey
 from party_harness import (
     Deployment,
     SealedUpload,
+    SlowEngine,
     data_upload,
     describe_job,
     fetch_opened,
@@ -77,29 +78,6 @@ def test_states_and_failure_kinds_are_defined_once() -> None:
 
 
 # ------------------------------------------------------------------ harness
-
-
-class SlowEngine:
-    """MPyC whose ``prepare`` takes ``seconds`` the first time a program is seen
-    (a slow compile), then finds it in its cache."""
-
-    def __init__(self, inner: MpycEngine, seconds: float) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.seconds = seconds
-        self.compiles: list[str] = []  # program hashes compiled (finished), in order
-        self.cache: set[str] = set()
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
-
-    async def prepare(self, shape: Step2AShape, security: Security) -> str:
-        digest = await self.inner.prepare(shape, security)
-        if digest not in self.cache:
-            await asyncio.sleep(self.seconds)
-            self.compiles.append(digest)
-            self.cache.add(digest)
-        return digest
 
 
 def _slow_engines(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[SlowEngine]:

@@ -33,6 +33,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -582,9 +583,10 @@ def _stack_args(p: argparse.ArgumentParser, default_dir: str | None = ".ppfs") -
     )
 
 
-def _up(args: argparse.Namespace) -> int:
+def _run(main: Coroutine[Any, Any, int]) -> int:
+    """Run a stack command; a parameter error exits 2, any other failure 1, naming it."""
     try:
-        return asyncio.run(run_stack(args))
+        return asyncio.run(main)
     except ParameterError as exc:
         print(f"ppfs: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -595,12 +597,9 @@ def _up(args: argparse.Namespace) -> int:
         return 0
 
 
+def _up(args: argparse.Namespace) -> int:
+    return _run(run_stack(args))
+
+
 def _demo(args: argparse.Namespace) -> int:
-    try:
-        return asyncio.run(run_demo(args))
-    except ParameterError as exc:
-        print(f"ppfs: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except PpfsError as exc:
-        print(f"ppfs: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    return _run(run_demo(args))
