@@ -13,7 +13,7 @@ the one-hot matrix L (m x (n-1)) and k:
    mean-imputed cells (SPEED has thousands) *are* the mean, and without the band
    their side would be decided by rounding. Computed as x > theta' with the public
    divisor m: theta' = floor((S + m) / m) by secure long division over the p
-   columns (V + 1 steps), then one comparison of bit length V + 2 per entry,
+   columns (V + 1 quotient bits; MP-SPDZ takes four per step), then one comparison of bit length V + 2 per entry,
    batched (for integer x, x > r/m <=> x > floor(r/m)).
 2. Class counts by secure products (cost per output, not per instance):
    b = 1^T GT, B = L^T GT, a = m - b, A_c = colsum(L)_c - B_c, and the n-th class
@@ -22,7 +22,8 @@ the one-hot matrix L (m x (n-1)) and k:
    G = m - Q with Q = AA/a + BB/b = (AA*b + BB*a) / (a*b), AA = sum_c A_c^2.
    a >= 1 always (some value is <= the mean); b = 0 exactly for a constant column,
    where Q = AA/m. Lower G is better, i.e. higher Q.
-4. q = floor(Q * 2^F) by secure restoring long division, F = 62 - bitlen(m) so
+4. q = floor(Q * 2^F) by secure long division (any radix gives the same floor;
+   MP-SPDZ takes four quotient bits per step), F = 62 - bitlen(m) so
    q < 2^62. q orders features exactly as Q does whenever distinct scores differ
    by more than 2^-F; exactly tied scores stay tied.
 5. Oblivious top-k by ranks: one comparison per pair, rank_i = number of features
