@@ -115,6 +115,17 @@ def test_compile_args_are_derived_from_shape() -> None:
                                          shape.threshold_steps, shape.threshold_bits)]
 
 
+
+def test_preprocessing_batch_follows_the_public_shape() -> None:
+    """Active settings get one batch per up to m*p items (bounded both ways), passive none;
+    the option depends on the public shape only, so every party passes the same one."""
+    big, small = Step2AShape(8378, 122, 2, 67), Step2AShape(20, 5, 2, 2)
+    assert mpspdz.preprocessing_batch(big, Security.PASSIVE_3PC) == []
+    assert mpspdz.preprocessing_batch(big, Security.ACTIVE_3PC) == ["-b", "100000"]
+    assert mpspdz.preprocessing_batch(Step2AShape(632, 120, 2, 12),
+                                      Security.ACTIVE_4PC) == ["-b", "75840"]
+    assert mpspdz.preprocessing_batch(small, Security.ACTIVE_4PC) == ["-b", "1000"]
+
 @pytest.mark.parametrize("security", SETTINGS)
 def test_party_input_file_is_components_in_program_order(
     security: Security, tmp_path: Path

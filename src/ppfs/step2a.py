@@ -13,8 +13,8 @@ the one-hot matrix L (m x (n-1)) and k:
    mean-imputed cells (SPEED has thousands) *are* the mean, and without the band
    their side would be decided by rounding. Computed as x > theta' with the public
    divisor m: theta' = floor((S + m) / m) by secure long division over the p
-   columns (V + 1 quotient bits; MP-SPDZ takes four per step), then one comparison of bit length V + 2 per entry,
-   batched (for integer x, x > r/m <=> x > floor(r/m)).
+   columns (V + 1 quotient bits; MP-SPDZ takes four per step), then one
+   comparison of bit length V + 2 per entry, batched (for integer x, x > r/m <=> x > floor(r/m)).
 2. Class counts by secure products (cost per output, not per instance):
    b = 1^T GT, B = L^T GT, a = m - b, A_c = colsum(L)_c - B_c, and the n-th class
    from a and b.

@@ -117,6 +117,21 @@ PROTOCOLS: dict[Security, Protocol] = {
     Security.ACTIVE_4PC: Protocol("rep4-ring-party.x", "rep4-ring"),
 }
 
+# The active protocols make their correlated randomness (triples, bits) in batches,
+# each batch a few rounds; MP-SPDZ's default of 1,000 made Step 2A's comparisons over
+# m*p entries wait for thousands of them. One batch per up to m*p items (capped,
+# identical on every party as it depends on the public shape only) keeps that to a
+# handful. The checks' bucket size, and with it their security, is MP-SPDZ's default.
+MIN_BATCH, MAX_BATCH = 1000, 100_000
+
+
+def preprocessing_batch(shape: Step2AShape, security: Security) -> list[str]:
+    """The party binary's batch-size option for this job (none for passive 3PC)."""
+    if security is Security.PASSIVE_3PC:
+        return []
+    return ["-b", str(min(MAX_BATCH, max(MIN_BATCH, shape.m * shape.p)))]
+
+
 _SENT_RE = re.compile(rb"^Data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
 _ROUNDS_RE = re.compile(rb"^Data sent = [0-9.eE+-]+ MB in ~([0-9]+) rounds", re.MULTILINE)
 _GLOBAL_RE = re.compile(rb"^Global data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
@@ -609,7 +624,7 @@ class MpSpdzEngine:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ppfs.engines.pdeathsig",
             binary, "-p", str(spec.party), "--ip-file-name", "HOSTS", "-v",
-            "-o", "no_memory_output", name,
+            "-o", "no_memory_output", *preprocessing_batch(spec.shape, spec.security), name,
             cwd=d, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
