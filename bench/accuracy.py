@@ -195,7 +195,7 @@ def main() -> int:
             "1e-17 and whose encodings score exactly alike: the secure ranking puts the "
             "lower index first (an exact tie), the float oracle the other one, in every "
             "fold; the selected sets are equal. Run on a 2-core machine "
-            "shared with other developers' work: the times are indicative only.",
+            "shared with other work: the times are indicative only.",
             "",
             *lines,
             "",

@@ -174,7 +174,7 @@ def write_report(path: Path, header: str, sep: str, rows: list[str],
         "# Latency benchmark: what a real network costs",
         "",
         f"Machine: {machine_description()}. Engine: mp-spdz. Measured "
-        f"{time.strftime('%Y-%m-%d')}; the machine was shared with other developers' "
+        f"{time.strftime('%Y-%m-%d')}; the machine was shared with other "
         f"work and loaded (load average {load[0]:.1f} at the start), so compare figures "
         "within a row group only.",
         "",

@@ -181,7 +181,7 @@ def main() -> int:
             "compile excluded); sent = all parties; rounds = party 0's (the reference reports "
             "no other). Ratios literal / ppfs from the same row.",
             "",
-            f"The machine was shared with other developers' work while this ran (load average "
+            f"The machine was shared with other work while this ran (load average "
             f"{load[0]:.1f} at the start): compare figures within a row only.",
             "",
             header,

@@ -161,7 +161,7 @@ def main() -> int:
             "parties, rounds = party 0's. The ratios divide it by ppfs's selection + "
             "training, so above 1 means ppfs trains the model as well in less.",
             "",
-            f"The machine was shared with other developers' work while this ran (load average "
+            f"The machine was shared with other work while this ran (load average "
             f"{load[0]:.1f} at the start): compare figures within a row only.",
             "",
             header,

@@ -80,6 +80,7 @@ def _check(table: LabelledTable, k: int, security: Security, engine: MpSpdzEngin
         pdata = tmp / "mpspdz" / f"P{i}" / "Player-Data"
         assert not (pdata / f"Input-Binary-P{i}-0").exists()
         assert not list(pdata.glob("Memory-*"))
+        assert not mpspdz.persistence_file(tmp / "mpspdz" / f"P{i}", i).exists()
     assert _engine_processes(tmp) == []
 
 
@@ -126,6 +127,7 @@ def test_preprocessing_batch_follows_the_public_shape() -> None:
                                       Security.ACTIVE_4PC) == ["-b", "75840"]
     assert mpspdz.preprocessing_batch(small, Security.ACTIVE_4PC) == ["-b", "1000"]
 
+
 @pytest.mark.parametrize("security", SETTINGS)
 def test_party_input_file_is_components_in_program_order(
     security: Security, tmp_path: Path
@@ -134,14 +136,27 @@ def test_party_input_file_is_components_in_program_order(
     prep = prepare_inputs(table, 2, security, tmp_path)
     shape = prep.inputs.shape
     for i in range(security.parties):
-        out = tmp_path / f"in{i}"
-        write_party_input(security, shape, i, prep.inputs.party_dirs[i], out, 12345 + i)
+        out, persisted = tmp_path / f"in{i}", tmp_path / f"Persistence-{i}"
+        write_party_input(security, shape, i, prep.inputs.party_dirs[i], out, 12345 + i,
+                          persisted)
         words = np.fromfile(out, dtype="<u8")
         expected = [np.array([12345 + i], dtype=np.uint64)]  # the session tag comes first
+        shares = []
         for fname in ("data.shr", "labels.shr", "mask.shr"):
             b = ShareBundle.load(prep.inputs.party_dirs[i] / fname)
             expected += [b.components[j].ravel() for j in party_input_order(security, i)]
-        np.testing.assert_array_equal(words, np.concatenate(expected))
+            if security in mpspdz.PERSISTED:    # Rep3's share of party i: (a_i, a_{i-1})
+                shares += [np.stack([b.components[i].ravel(),
+                                     b.components[(i - 1) % 3].ravel()], axis=1).ravel()]
+        if security in mpspdz.PERSISTED:
+            np.testing.assert_array_equal(words, expected[0])     # the tag only
+            raw = persisted.read_bytes()
+            assert raw.startswith(mpspdz.REP3_HEADER)
+            got = np.frombuffer(raw[len(mpspdz.REP3_HEADER):], dtype="<u8")
+            np.testing.assert_array_equal(got, np.concatenate(shares))
+        else:
+            np.testing.assert_array_equal(words, np.concatenate(expected))
+            assert not persisted.exists()
 
 
 def test_subject_hash_matches_openssl(tmp_path: Path) -> None:
@@ -277,11 +292,13 @@ def test_failing_party_is_named_and_all_stopped(
     real = mpspdz.write_party_input
 
     def short_input(security: Security, shape: Step2AShape, party: int, d: Path,
-                    out: Path, session_tag: int = 0) -> None:
-        real(security, shape, party, d, out, session_tag)
-        if party == 1:  # Bob's input file ends early
-            with open(out, "r+b") as fh:
-                fh.truncate(os.path.getsize(out) // 2)
+                    out: Path, session_tag: int = 0, persistence: Path | None = None) -> None:
+        real(security, shape, party, d, out, session_tag, persistence)
+        if party == 1:  # Bob's input (passive 3PC: his persisted shares) ends early
+            short = persistence if security in mpspdz.PERSISTED else out
+            assert short is not None
+            with open(short, "r+b") as fh:
+                fh.truncate(os.path.getsize(short) // 2)
 
     monkeypatch.setattr(mpspdz, "write_party_input", short_input)
     with pytest.raises(EngineError) as info:

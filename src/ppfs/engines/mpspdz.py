@@ -193,44 +193,91 @@ def matrix_shapes(shape: Step2AShape) -> dict[str, tuple[int, int]]:
     }
 
 
-def write_party_input(
-    security: Security, shape: Step2AShape, party: int, party_dir: Path, out: Path,
-    session_tag: int = 0,
-) -> None:
-    """Write party ``party``'s MP-SPDZ input file from its share bundles.
+# Passive 3PC reads the parties' shares as they are: party i's components (i, i-1) are
+# exactly its replicated share (a_i, a_{i-1}) of MP-SPDZ's Rep3, so they go into the
+# persistence file the program reads (no input protocol, no rounds). The active
+# settings input every component twice through the input protocol instead, so that
+# the two holders' copies can be compared before anything is opened.
+PERSISTED = frozenset({Security.PASSIVE_3PC})
+# file signature of MP-SPDZ's Rep3 shares over Z_2^64: length-prefixed type string,
+# then the bit length (Tools/Buffer.h file_signature)
+_REP3_SIGNATURE = b"replicated Z2^64"
+REP3_HEADER = (
+    (len(_REP3_SIGNATURE) + 4).to_bytes(8, "little") + _REP3_SIGNATURE
+    + (64).to_bytes(4, "little")
+)
+_WRITE_ROWS = 1 << 16  # rows per write when interleaving a share's two components
 
-    The file starts with the job's session tag (one word), then holds, for data, labels
-    and mask in turn, the components the party
-    inputs (:func:`ppfs.step2a.party_input_order`), each row-major as little-endian
-    64-bit words: exactly the order in which ``step2a.mpc`` reads them.
-    """
-    order = party_input_order(security, party)
+
+def persistence_file(workdir: Path, party: int) -> Path:
+    return workdir / "Persistence" / f"Transactions-P{party}.data"
+
+
+def _checked_bundles(
+    security: Security, shape: Step2AShape, party: int, party_dir: Path
+) -> list[ShareBundle]:
+    """The party's data, labels and mask bundles, checked against the job's shape."""
     expected = matrix_shapes(shape)
     dataset_id: str | None = None
+    bundles = []
+    for kind, fname in zip(("data", "labels", "mask"), INPUT_FILES, strict=True):
+        bundle = ShareBundle.load(party_dir / fname)
+        if bundle.kind != kind or bundle.party != party or bundle.scheme != security.scheme:
+            raise ShareFormatError(
+                f"{PARTY_NAMES[party]}'s {fname} is not its {kind} share for {security.value}"
+            )
+        if bundle.shape != expected[kind]:
+            raise ShareFormatError(
+                f"{PARTY_NAMES[party]}'s {fname} has shape {bundle.shape}, "
+                f"expected {expected[kind]}"
+            )
+        if kind == "data":
+            dataset_id = bundle.dataset_id
+        elif kind == "labels" and bundle.dataset_id != dataset_id:
+            raise ShareFormatError(f"{PARTY_NAMES[party]}'s {fname} belongs to another data set")
+        bundles.append(bundle)
+    return bundles
+
+
+def write_party_input(
+    security: Security, shape: Step2AShape, party: int, party_dir: Path, out: Path,
+    session_tag: int = 0, persistence: Path | None = None,
+) -> None:
+    """Write party ``party``'s MP-SPDZ input from its share bundles.
+
+    The input file ``out`` starts with the job's session tag (one word). In the active
+    settings it then holds, for data, labels and mask in turn, the components the party
+    inputs (:func:`ppfs.step2a.party_input_order`), each row-major as little-endian
+    64-bit words: exactly the order in which ``step2a.mpc`` reads them. In passive 3PC
+    (:data:`PERSISTED`) the shares go to ``persistence`` instead, as MP-SPDZ's Rep3
+    shares (a_i, a_{i-1}) of data, labels and mask in turn, after its file signature.
+    """
+    bundles = _checked_bundles(security, shape, party, party_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     if not 0 <= session_tag < 1 << 63:
         raise ParameterError("the session tag must be a 63-bit value")
     with open(out, "wb") as fh:
         fh.write(int(session_tag).to_bytes(8, "little"))
-        for kind, fname in zip(("data", "labels", "mask"), INPUT_FILES, strict=True):
-            bundle = ShareBundle.load(party_dir / fname)
-            if bundle.kind != kind or bundle.party != party or bundle.scheme != security.scheme:
-                raise ShareFormatError(
-                    f"{PARTY_NAMES[party]}'s {fname} is not its {kind} share for {security.value}"
-                )
-            if bundle.shape != expected[kind]:
-                raise ShareFormatError(
-                    f"{PARTY_NAMES[party]}'s {fname} has shape {bundle.shape}, "
-                    f"expected {expected[kind]}"
-                )
-            if kind == "data":
-                dataset_id = bundle.dataset_id
-            elif kind == "labels" and bundle.dataset_id != dataset_id:
-                raise ShareFormatError(
-                    f"{PARTY_NAMES[party]}'s {fname} belongs to another data set"
-                )
-            for j in order:
-                fh.write(np.ascontiguousarray(bundle.components[j], dtype="<u8").tobytes())
+        if security not in PERSISTED:
+            for bundle in bundles:
+                for j in party_input_order(security, party):
+                    fh.write(np.ascontiguousarray(bundle.components[j], dtype="<u8").tobytes())
+            return
+    if persistence is None:
+        raise ParameterError(f"{security.value} needs the persistence file's path")
+    persistence.parent.mkdir(parents=True, exist_ok=True)
+    own, prev = party, (party - 1) % security.parties
+    with open(persistence, "wb") as fh:
+        fh.write(REP3_HEADER)
+        for bundle in bundles:
+            a = bundle.components[own].reshape(-1)
+            b = bundle.components[prev].reshape(-1)
+            step = _WRITE_ROWS * max(1, bundle.shape[1])
+            for start in range(0, a.size, step):
+                pair = np.empty((min(step, a.size - start), 2), dtype="<u8")
+                pair[:, 0] = a[start:start + step]
+                pair[:, 1] = b[start:start + step]
+                fh.write(pair.tobytes())
 
 
 def subject_hash(cert: x509.Certificate) -> str:
@@ -540,7 +587,8 @@ class MpSpdzEngine:
         (d / "Programs").symlink_to(programs.resolve(), target_is_directory=True)
         (d / "HOSTS").write_text("".join(f"{host}:{port}\n" for host, port in hosts))
         write_party_input(spec.security, spec.shape, i, spec.input_dir,
-                          pdata / f"Input-Binary-P{i}-0", spec.session_tag or 0)
+                          pdata / f"Input-Binary-P{i}-0", spec.session_tag or 0,
+                          persistence_file(d, i))
         own = tree_hash(d / "Programs", name)
         for expected in (digest, spec.program_hash):
             if expected is not None and own != expected:
@@ -782,7 +830,8 @@ def _remove_share_copies(dirs: Sequence[Path], first: int = 0) -> None:
     """Delete the engine's copies of share data (input files; memory dumps if any)."""
     for i, d in enumerate(dirs, start=first):
         pdata = d / "Player-Data"
-        for f in [pdata / f"Input-Binary-P{i}-0", *pdata.glob("Memory-*")]:
+        for f in [pdata / f"Input-Binary-P{i}-0", *pdata.glob("Memory-*"),
+                  persistence_file(d, i)]:
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()
 
@@ -791,6 +840,9 @@ _REASONS = (
     (b"program differs between parties", "the parties run different programs"),
     (b"failure reading from Player-Data/Input", "it could not read its input file"),
     (b"ot enough input", "its input file is too short"),
+    (b"EOF when reading from disk", "its input file is too short"),
+    (b"Persistence not found", "its input file is missing"),
+    (b"ignature in", "its input file is not in MP-SPDZ's format"),
     (b"Address already in use", "its network port was taken"),
     (b"ould not bind", "its network port was taken"),
     (b"certificate", "a TLS certificate was rejected"),
