@@ -73,6 +73,7 @@ from ppfs.engines.base import (
     Step2AInputs,
 )
 from ppfs.engines.mpspdz_release import cpu_bin_dirs
+from ppfs.engines.peakrss import PeakRssWatch, process_name
 from ppfs.errors import (
     EngineError,
     IntegrityError,
@@ -331,8 +332,10 @@ class _Party:
     err: _Capture
     started: float
     drains: asyncio.Future[tuple[None, None]]
+    program: str  # the process name of the engine binary it runs (peakrss.process_name)
     ended: float | None = None
     stopped_by_us: bool = False
+    peak_rss: int | None = None  # bytes, sampled while it ran (None: never read)
 
     @property
     def name(self) -> str:
@@ -572,6 +575,7 @@ class MpSpdzEngine:
                 seconds=(p.ended or time.perf_counter()) - p.started,
                 bytes_sent=_bytes_sent(bytes(p.err.kept)),
                 rounds=_rounds(bytes(p.err.kept)),
+                peak_rss_bytes=p.peak_rss,
             )
             for p in parties
         ]
@@ -617,7 +621,8 @@ class MpSpdzEngine:
         out = _Capture(d / "stdout.log")
         err = _Capture(d / "stderr.log")
         drains = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
-        return _Party(spec.party, proc, out, err, time.perf_counter(), drains)
+        return _Party(spec.party, proc, out, err, time.perf_counter(), drains,
+                      process_name(binary))
 
     async def run_party(
         self, spec: PartyRunSpec, progress: Progress | None = None
@@ -652,6 +657,7 @@ class MpSpdzEngine:
             bytes_sent=_bytes_sent(bytes(party.err.kept)),
             exit_code=party.proc.returncode or 0,
             program_hash=digest,
+            peak_rss_bytes=party.peak_rss,
         )
 
     async def _supervise(self, parties: list[_Party], timeout: float | None = None) -> None:
@@ -659,6 +665,10 @@ class MpSpdzEngine:
         waits = {asyncio.ensure_future(p.proc.wait()): p for p in parties}
         deadline = time.perf_counter() + timeout
         failed: _Party | None = None
+        # each party's peak resident memory, read while it runs (ppfs.engines.peakrss)
+        rss = PeakRssWatch(lambda: [(p.index, p.proc.pid, p.program) for p in parties
+                                    if p.proc.returncode is None])
+        watching = asyncio.ensure_future(rss.run())
         try:
             pending = set(waits)
             while pending:
@@ -682,6 +692,9 @@ class MpSpdzEngine:
                 # let the others notice and stop on their own (and party 0 print why)
                 await asyncio.wait(pending, timeout=GRACE_SECONDS)
         finally:
+            watching.cancel()
+            for p in parties:
+                p.peak_rss = rss.peaks.get(p.index)
             await _stop_all(parties)
             for fut in waits:
                 if not fut.done():
