@@ -75,7 +75,7 @@ def _check(table: LabelledTable, k: int, security: Security, engine: MpSpdzEngin
     assert [p.party for p in run.parties] == ["Alice", "Bob", "Carol", "Dave"][: security.parties]
     assert all(p.exit_code == 0 and p.bytes_sent > 0 for p in run.parties)
     assert run.bytes_sent == sum(p.bytes_sent for p in run.parties)
-    # each party's peak memory, read from the engine binary (not its Python launcher)
+    # each party's peak memory, as its launcher reports it (ppfs.engines.pdeathsig)
     assert all(p.peak_rss_bytes is not None and p.peak_rss_bytes > 1 << 20
                for p in run.parties)
     # the engine keeps no copy of share data once done

@@ -25,7 +25,9 @@ MP-SPDZ is used as an external tool found at ``home`` (``MPSPDZ_HOME``, else
 :meth:`MpSpdzEngine.run_step2a` sets up and launches every party with the same
 per-party steps and supervises them together (first failure stops all, the
 culprit is named). Engine processes are started through
-:mod:`ppfs.engines.pdeathsig`, so they die with the process that launched them.
+:mod:`ppfs.engines.pdeathsig`, so they die with the process that launched them; that
+launcher also reports each one's exact peak resident memory (``wait4``), kept as the
+party's ``peak_rss_bytes``.
 
 Engine output is kept in capped files in each party's directory and never copied
 into an error message or a log: errors name the party, the exit code and a fixed
@@ -73,7 +75,7 @@ from ppfs.engines.base import (
     Step2AInputs,
 )
 from ppfs.engines.mpspdz_release import cpu_bin_dirs
-from ppfs.engines.peakrss import PeakRssWatch, process_name
+from ppfs.engines.pdeathsig import read_peak_rss
 from ppfs.errors import (
     EngineError,
     IntegrityError,
@@ -332,10 +334,14 @@ class _Party:
     err: _Capture
     started: float
     drains: asyncio.Future[tuple[None, None]]
-    program: str  # the process name of the engine binary it runs (peakrss.process_name)
+    peak_rss_file: Path  # where its launcher writes the binary's peak memory when it ends
     ended: float | None = None
     stopped_by_us: bool = False
-    peak_rss: int | None = None  # bytes, sampled while it ran (None: never read)
+
+    @property
+    def peak_rss(self) -> int | None:
+        """The engine binary's peak resident memory in bytes, once it has ended."""
+        return read_peak_rss(self.peak_rss_file)
 
     @property
     def name(self) -> str:
@@ -609,9 +615,11 @@ class MpSpdzEngine:
             p for p in (str(self.home), env.get("LD_LIBRARY_PATH", "")) if p
         )
         d = spec.workdir
-        # launched through ppfs.engines.pdeathsig: it dies with this process
+        peak_file = d / "peak-rss"
+        # launched through ppfs.engines.pdeathsig: it dies with this process, and its
+        # launcher reports its peak memory when it ends
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ppfs.engines.pdeathsig",
+            sys.executable, "-m", "ppfs.engines.pdeathsig", "--peak-rss", str(peak_file),
             binary, "-p", str(spec.party), "--ip-file-name", "HOSTS", "-v",
             "-o", "no_memory_output", name,
             cwd=d, env=env, stdin=asyncio.subprocess.DEVNULL,
@@ -621,8 +629,7 @@ class MpSpdzEngine:
         out = _Capture(d / "stdout.log")
         err = _Capture(d / "stderr.log")
         drains = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
-        return _Party(spec.party, proc, out, err, time.perf_counter(), drains,
-                      process_name(binary))
+        return _Party(spec.party, proc, out, err, time.perf_counter(), drains, peak_file)
 
     async def run_party(
         self, spec: PartyRunSpec, progress: Progress | None = None
@@ -665,10 +672,6 @@ class MpSpdzEngine:
         waits = {asyncio.ensure_future(p.proc.wait()): p for p in parties}
         deadline = time.perf_counter() + timeout
         failed: _Party | None = None
-        # each party's peak resident memory, read while it runs (ppfs.engines.peakrss)
-        rss = PeakRssWatch(lambda: [(p.index, p.proc.pid, p.program) for p in parties
-                                    if p.proc.returncode is None])
-        watching = asyncio.ensure_future(rss.run())
         try:
             pending = set(waits)
             while pending:
@@ -692,9 +695,6 @@ class MpSpdzEngine:
                 # let the others notice and stop on their own (and party 0 print why)
                 await asyncio.wait(pending, timeout=GRACE_SECONDS)
         finally:
-            watching.cancel()
-            for p in parties:
-                p.peak_rss = rss.peaks.get(p.index)
             await _stop_all(parties)
             for fut in waits:
                 if not fut.done():
