@@ -564,7 +564,8 @@ def write_report(path: Path, args: argparse.Namespace, done: list[Result], fits:
         "",
         f"Machine: {machine_description()}. Engine: {args.engine}, {SECURITY.value}. "
         f"Synthetic data (make_table, seed {args.seed}), k = min({args.k}, p - 1), one run "
-        f"per point; {len(done)} point(s) in {duration(elapsed)} (bench/scale.py).",
+        f"per point; {len(done)} point(s) in {duration(elapsed)}: "
+        f"`bench/scale.py {' '.join(sys.argv[1:])}`.",
         "",
         "MPC time: from launching the parties until the last one exited (input, Step 2A, "
         "the masked opening). Compile: compiling the program for the shape (each shape "
