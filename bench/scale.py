@@ -20,9 +20,10 @@ point that runs out of memory (or fails in any other way) is reported as FAILED 
 its reason while the others go on; the exit code is 1 if any point failed or
 differed from the mirror. Points run in increasing m*p; before each, its time and
 memory are estimated (a model calibrated on this machine, refitted to the run's own
-points once six are measured) and a point whose estimated memory exceeds what the
-machine has available (or --memory-limit) is not started: FAILED, unless
---no-memory-check. --dry-run lists the points and the estimates only.
+points once six are measured but never below the calibrated one) and a point whose
+estimated memory exceeds what the machine has available (or --memory-limit) is not
+started: FAILED, unless --no-memory-check. --dry-run lists the points and the
+estimates only.
 """
 
 from __future__ import annotations
@@ -358,12 +359,12 @@ class Estimator:
             return
         for key, model in fitted.items():
             assert model is not None
-            if key.endswith("rss"):
-                # memory: never below the calibrated model, so a new size is not under-planned
-                model = Model(tuple(max(c, d) for c, d in
-                                    zip(model.coef, CALIBRATED[key].coef, strict=True)))
-            self.models[key] = model
-        self.source = f"model fitted to the {len(good)} points measured so far"
+            # never below the calibrated model: a fit to a few small points on a shared
+            # machine can be bent by the load (the big points must not be under-planned)
+            self.models[key] = Model(tuple(
+                max(c, d) for c, d in zip(model.coef, CALIBRATED[key].coef, strict=True)))
+        self.source = (f"model fitted to the {len(good)} points measured so far, "
+                       "at least the calibrated one")
 
     def memory(self, pt: Point) -> float:
         return memory_needed(pt, self.models["client_rss"], self.models["party_rss"])
