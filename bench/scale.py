@@ -582,7 +582,8 @@ def write_report(path: Path, args: argparse.Namespace, done: list[Result], fits:
         "'= mirror': selection and D' equal the plaintext fixed-point mirror.",
         "",
         f"The machine was shared with other work while this ran (load average {load0:.1f} "
-        "at the start): read growth, not single timings.",
+        f"at the start, {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores): "
+        "timings vary with it by up to 2x, bytes, rounds and memory do not.",
         "",
         HEADER,
         SEP,
