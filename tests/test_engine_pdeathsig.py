@@ -52,8 +52,9 @@ def _children(pid: int) -> list[int]:
 
 
 def test_program_dies_with_the_launcher(tmp_path: Path) -> None:
-    launcher = subprocess.Popen([*LAUNCHER, "--peak-rss", str(tmp_path / "peak"),
-                                 "/bin/sleep", "30"])
+    launcher = subprocess.Popen(
+        [*LAUNCHER, "--peak-rss", str(tmp_path / "peak"), "/bin/sleep", "30"]
+    )
     try:
         deadline = time.monotonic() + 10
         while not (kids := _children(launcher.pid)) and time.monotonic() < deadline:
