@@ -75,6 +75,9 @@ def _check(table: LabelledTable, k: int, security: Security, engine: MpSpdzEngin
     assert [p.party for p in run.parties] == ["Alice", "Bob", "Carol", "Dave"][: security.parties]
     assert all(p.exit_code == 0 and p.bytes_sent > 0 for p in run.parties)
     assert run.bytes_sent == sum(p.bytes_sent for p in run.parties)
+    # each party's peak memory, as its launcher reports it (ppfs.engines.pdeathsig)
+    assert all(p.peak_rss_bytes is not None and p.peak_rss_bytes > 1 << 20
+               for p in run.parties)
     # the engine keeps no copy of share data once done
     for i in range(security.parties):
         pdata = tmp / "mpspdz" / f"P{i}" / "Player-Data"
@@ -376,3 +379,24 @@ def test_program_hash_ignores_what_varies_between_identical_compilations(tmp_pat
     assert hashes[0] == hashes[1]
     (programs / "Bytecode" / "prog-0.bc").write_bytes(b"other bytecode")
     assert mpspdz.tree_hash(programs, "prog") != hashes[0]
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_inputs_over_several_chunks_active(engine: MpSpdzEngine, tmp_path: Path) -> None:
+    # m*p above the program's CHUNK (2^17): components are input chunk by chunk, both
+    # copies in step; an honest run matches the mirror, a copy altered in the last
+    # chunk is caught
+    table = make_table(1400, 100, seed=12)
+    _check(table, 3, Security.ACTIVE_3PC, engine, tmp_path / "honest", oracle=False)
+    prep = prepare_inputs(table, 3, Security.ACTIVE_3PC, tmp_path / "altered")
+    party = 2
+    path = prep.inputs.party_dirs[party] / "data.shr"
+    bundle = ShareBundle.load(path)
+    j = party_input_order(Security.ACTIVE_3PC, party)[-1]
+    comp = bundle.components[j].copy()
+    comp[(1 << 17) // 100, (1 << 17) % 100] += np.uint64(1)  # first entry of chunk 2
+    bundle.components[j] = comp
+    bundle.save(path)
+    with pytest.raises(IntegrityError):
+        asyncio.run(engine.run_step2a(prep.inputs, tmp_path / "altered"))

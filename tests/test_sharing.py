@@ -95,3 +95,69 @@ def test_mask_words_are_uniform_below_the_word_size():
     assert words.min() >= 0 and words.max() < 1 << MASK_WORD_BITS
     assert words.max() >= 1 << (MASK_WORD_BITS - 4)  # the top bits are used too
     assert len(np.unique(words)) == words.size
+
+
+def _bundle(scheme=Scheme.REP3, shape=(5, 3)):
+    x = np.random.default_rng(4).integers(-(2**40), 2**40, size=shape)  # test data
+    return bundles_for_all(x, scheme, dataset_id="ds", kind="data", frac_bits=16)[1]
+
+
+@pytest.mark.parametrize("scheme", list(Scheme))
+@pytest.mark.parametrize("shape", [(5, 3), (0, 4)])
+def test_save_streams_the_bytes_of_to_bytes_and_load_reads_them_back(scheme, shape, tmp_path):
+    b = _bundle(scheme, shape)
+    path = tmp_path / "b.shr"
+    b.save(path)
+    assert path.read_bytes() == b.to_bytes()
+    loaded = ShareBundle.load(path)
+    parsed = ShareBundle.from_bytes(b.to_bytes())
+    for got in (loaded, parsed):
+        assert (got.scheme, got.party, got.dataset_id, got.kind, got.shape, got.frac_bits) == (
+            b.scheme, b.party, b.dataset_id, b.kind, b.shape, b.frac_bits)
+        assert sorted(got.components) == sorted(b.components)
+        for j, c in b.components.items():
+            np.testing.assert_array_equal(got.components[j], c)
+            assert got.components[j].dtype == np.uint64 and got.components[j].flags.writeable
+
+
+def test_load_refuses_what_from_bytes_refuses(tmp_path):
+    blob = _bundle().to_bytes()
+    flipped = bytearray(blob)
+    flipped[-1] ^= 1
+    head_len = int.from_bytes(blob[8:12], "little")
+    oversized = blob[:8] + (1 << 20).to_bytes(4, "little") + blob[12:]
+    bad = {
+        "magic": b"not a bundle",
+        "empty": b"",
+        "truncated header": blob[: 12 + head_len // 2],
+        "oversized header": oversized,
+        "short payload": blob[:-8],
+        "long payload": blob + bytes(8),
+        "checksum": bytes(flipped),
+        "malformed header": blob[:12] + b"[" + blob[13:],
+    }
+    for what, data in bad.items():
+        path = tmp_path / "bad.shr"
+        path.write_bytes(data)
+        with pytest.raises(ShareFormatError) as from_file:
+            ShareBundle.load(path)
+        with pytest.raises(ShareFormatError) as from_memory:
+            ShareBundle.from_bytes(data)
+        assert str(from_file.value) == str(from_memory.value), what
+
+
+def test_random_words_fill_large_draws_chunk_by_chunk(monkeypatch):
+    calls = []
+
+    def counting(n):
+        calls.append(n)
+        start = sum(calls[:-1])
+        return bytes((start + i) % 251 for i in range(n))
+
+    monkeypatch.setattr(sharing.os, "urandom", counting)
+    monkeypatch.setattr(sharing, "_URANDOM_CHUNK", 24)
+    got = random_words((2, 5))  # 80 bytes: chunks of 24, 24, 24, 8
+    assert calls == [24, 24, 24, 8]
+    stream = bytes(i % 251 for i in range(80))
+    assert got.tolist() == np.frombuffer(stream, dtype="<u8").reshape(2, 5).tolist()
+    assert got.dtype == np.uint64 and got.flags.writeable

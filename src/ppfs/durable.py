@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -23,10 +24,17 @@ def fsync_dir(path: Path) -> None:
 
 def write_durable(path: Path, data: bytes) -> None:
     """Write to a unique temporary file, fsync it, rename it over ``path``, fsync the dir."""
+    write_durable_parts(path, [data])
+
+
+def write_durable_parts(path: Path, parts: Iterable[bytes | memoryview]) -> None:
+    """:func:`write_durable` of the concatenated ``parts``, written one after the other
+    (a large file need not exist as one bytes object first)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         with open(tmp, "wb") as fh:
-            fh.write(data)
+            for part in parts:
+                fh.write(part)
             fh.flush()
             os.fsync(fh.fileno())
         tmp.replace(path)

@@ -76,9 +76,9 @@ class FixedPoint:
         _refuse_non_finite(x, columns)
         if x.ndim != 2 or x.shape[1] != len(exponents):
             raise ValueError("x must be (m, p) with one exponent per column")
-        scaled = np.ldexp(x, (self.frac_bits + exponents)[None, :].astype(np.int32))
-        raw = np.rint(scaled)
-        too_big = np.abs(raw) >= self.limit
+        raw = np.ldexp(x, (self.frac_bits + exponents)[None, :].astype(np.int32))
+        np.rint(raw, out=raw)  # in place: one float copy of the table, not three
+        too_big = (raw >= self.limit) | (raw <= -self.limit)
         if too_big.any():
             row, col = (int(v) for v in np.argwhere(too_big)[0])
             bound = math.ldexp(1.0, self.value_bits - 1 - self.frac_bits - int(exponents[col]))

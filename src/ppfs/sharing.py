@@ -25,12 +25,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ppfs.durable import write_durable
+from ppfs.durable import write_durable_parts
 from ppfs.errors import ShareFormatError
 
 MAGIC = b"PPFSSHR1"
 _U32 = struct.Struct("<I")
 _MAX_HEADER = 1 << 16
+# os.urandom is read this many bytes at a time into the words' own buffer, so a large
+# draw never holds a second copy of itself
+_URANDOM_CHUNK = 1 << 24
 
 
 class Scheme(enum.Enum):
@@ -76,15 +79,21 @@ def random_words(shape: int | tuple[int, ...]) -> np.ndarray:
     if any(d < 0 for d in dims):
         raise ValueError("a shape has no negative dimension")
     count = int(np.prod(dims, dtype=np.int64))
-    return np.frombuffer(os.urandom(8 * count), dtype="<u8").astype(np.uint64).reshape(dims)
+    words = np.empty(count, dtype="<u8")
+    buf = words.data.cast("B")
+    for start in range(0, 8 * count, _URANDOM_CHUNK):
+        end = min(start + _URANDOM_CHUNK, 8 * count)
+        buf[start:end] = os.urandom(end - start)
+    return words.astype(np.uint64, copy=False).reshape(dims)
 
 
 def share(raw: np.ndarray, scheme: Scheme) -> list[np.ndarray]:
     """Split int64/uint64 ``raw`` into ``scheme.parties`` uint64 components; all but
     the last are uniform words from :func:`random_words`."""
-    x = np.asarray(raw).astype(np.uint64, copy=False)
-    comps = [random_words(x.shape) for _ in range(scheme.parties - 1)]
-    last = x.copy()
+    # a C-ordered copy (int64 wraps to its value mod 2^64): the bundles then share the
+    # components' buffers instead of copying them for every holder
+    last = np.asarray(raw).astype(np.uint64, order="C")
+    comps = [random_words(last.shape) for _ in range(scheme.parties - 1)]
     for c in comps:
         last -= c  # uint64 arithmetic wraps mod 2^64
     comps.append(last)
@@ -141,11 +150,19 @@ class ShareBundle:
             },
         )
 
-    def to_bytes(self) -> bytes:
-        order = sorted(self.components)
-        payload = b"".join(
-            np.ascontiguousarray(self.components[j], dtype="<u8").tobytes() for j in order
-        )
+    def _payload(self) -> list[memoryview]:
+        """The components in ascending order as little-endian words, without copies
+        (unless a component is not already contiguous little-endian uint64)."""
+        return [
+            np.ascontiguousarray(self.components[j], dtype="<u8").reshape(-1).data
+            for j in sorted(self.components)
+        ]
+
+    def _head(self, payload: list[memoryview]) -> bytes:
+        """Magic, header length and header (with the payload's SHA-256)."""
+        digest = hashlib.sha256()
+        for part in payload:
+            digest.update(part)
         header = {
             "version": 1,
             "scheme": self.scheme.value,
@@ -155,57 +172,111 @@ class ShareBundle:
             "kind": self.kind,
             "shape": list(self.shape),
             "frac_bits": self.frac_bits,
-            "components": order,
-            "sha256": hashlib.sha256(payload).hexdigest(),
+            "components": sorted(self.components),
+            "sha256": digest.hexdigest(),
         }
         hdr = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        return MAGIC + _U32.pack(len(hdr)) + hdr + payload
+        return MAGIC + _U32.pack(len(hdr)) + hdr
+
+    def to_bytes(self) -> bytes:
+        payload = self._payload()
+        return b"".join([self._head(payload), *payload])
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> ShareBundle:
-        if len(blob) < len(MAGIC) + 4 or not blob.startswith(MAGIC):
-            raise ShareFormatError("not a ppfs share bundle (bad magic)")
-        (hlen,) = _U32.unpack_from(blob, len(MAGIC))
-        start = len(MAGIC) + 4
-        if hlen > _MAX_HEADER or start + hlen > len(blob):
-            raise ShareFormatError("share bundle header is truncated or oversized")
-        try:
-            header = json.loads(blob[start : start + hlen])
-            scheme = Scheme(header["scheme"])
-            party = int(header["party"])
-            rows, cols = (int(v) for v in header["shape"])
-            order = [int(j) for j in header["components"]]
-            digest = str(header["sha256"])
-            dataset_id = str(header["dataset_id"])
-            kind = str(header["kind"])
-            frac_bits = int(header["frac_bits"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ShareFormatError(
-                f"share bundle header is malformed ({type(exc).__name__})"
-            ) from None
-        if header.get("version") != 1 or header.get("parties") != scheme.parties:
-            raise ShareFormatError("share bundle version or party count is not supported")
-        if rows < 0 or cols < 0 or tuple(order) != scheme.components_of(party):
-            raise ShareFormatError("share bundle shape or component list is inconsistent")
-        payload = blob[start + hlen :]
-        if len(payload) != 8 * rows * cols * len(order):
+        header, start = _parse_head(blob, len(blob))
+        payload = memoryview(blob)[start:]
+        if len(payload) != header.payload_bytes:
             raise ShareFormatError("share bundle payload has the wrong length")
-        if hashlib.sha256(payload).hexdigest() != digest:
-            raise ShareFormatError("share bundle checksum mismatch")
-        flat = np.frombuffer(payload, dtype="<u8").astype(np.uint64)
-        size = rows * cols
-        comps = {
-            j: flat[t * size : (t + 1) * size].reshape(rows, cols) for t, j in enumerate(order)
-        }
-        return cls(scheme, party, dataset_id, kind, (rows, cols), frac_bits, comps)
+        return header.bundle(np.frombuffer(payload, dtype="<u8"))
 
     def save(self, path: Path) -> None:
-        """Write durably and atomically: a reader never sees a half-written bundle."""
-        write_durable(path, self.to_bytes())
+        """Write durably and atomically: a reader never sees a half-written bundle.
+        The same bytes as :meth:`to_bytes`, streamed from the components' buffers."""
+        payload = self._payload()
+        write_durable_parts(path, [self._head(payload), *payload])
 
     @classmethod
     def load(cls, path: Path) -> ShareBundle:
-        return cls.from_bytes(path.read_bytes())
+        """:meth:`from_bytes` of the file's contents, read straight into the words'
+        buffer: one copy of the payload in memory, however large."""
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            prefix = fh.read(len(MAGIC) + 4)
+            if len(prefix) == len(MAGIC) + 4 and prefix.startswith(MAGIC):
+                (hlen,) = _U32.unpack_from(prefix, len(MAGIC))
+                prefix += fh.read(min(hlen, _MAX_HEADER + 1))
+            header, start = _parse_head(prefix, size)
+            if size - start != header.payload_bytes:
+                raise ShareFormatError("share bundle payload has the wrong length")
+            flat = np.empty(header.payload_bytes // 8, dtype="<u8")
+            if fh.readinto(flat.data.cast("B")) != header.payload_bytes:
+                raise ShareFormatError("share bundle payload has the wrong length")
+        return header.bundle(flat)
+
+
+@dataclass(frozen=True)
+class _Head:
+    """A parsed, consistent bundle header; :meth:`bundle` checks the payload against it."""
+
+    scheme: Scheme
+    party: int
+    dataset_id: str
+    kind: str
+    shape: tuple[int, int]
+    frac_bits: int
+    order: tuple[int, ...]
+    digest: str
+
+    @property
+    def payload_bytes(self) -> int:
+        return 8 * self.shape[0] * self.shape[1] * len(self.order)
+
+    def bundle(self, flat: np.ndarray) -> ShareBundle:
+        """The bundle of the payload ``flat`` (little-endian words, as stored): its
+        checksum verified, its words copied only if ``flat`` is read-only."""
+        if hashlib.sha256(flat.data).hexdigest() != self.digest:
+            raise ShareFormatError("share bundle checksum mismatch")
+        words = flat.astype(np.uint64, copy=not flat.flags.writeable)
+        rows, cols = self.shape
+        size = rows * cols
+        comps = {
+            j: words[t * size : (t + 1) * size].reshape(rows, cols)
+            for t, j in enumerate(self.order)
+        }
+        return ShareBundle(self.scheme, self.party, self.dataset_id, self.kind, self.shape,
+                           self.frac_bits, comps)
+
+
+def _parse_head(blob: bytes, total: int) -> tuple[_Head, int]:
+    """The header at the start of ``blob`` (a bundle of ``total`` bytes, of which
+    ``blob`` holds at least the magic and header) and where the payload starts."""
+    if total < len(MAGIC) + 4 or len(blob) < len(MAGIC) + 4 or not blob.startswith(MAGIC):
+        raise ShareFormatError("not a ppfs share bundle (bad magic)")
+    (hlen,) = _U32.unpack_from(blob, len(MAGIC))
+    start = len(MAGIC) + 4
+    if hlen > _MAX_HEADER or start + hlen > min(total, len(blob)):
+        raise ShareFormatError("share bundle header is truncated or oversized")
+    try:
+        header = json.loads(blob[start : start + hlen])
+        scheme = Scheme(header["scheme"])
+        party = int(header["party"])
+        rows, cols = (int(v) for v in header["shape"])
+        order = tuple(int(j) for j in header["components"])
+        digest = str(header["sha256"])
+        dataset_id = str(header["dataset_id"])
+        kind = str(header["kind"])
+        frac_bits = int(header["frac_bits"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ShareFormatError(
+            f"share bundle header is malformed ({type(exc).__name__})"
+        ) from None
+    if header.get("version") != 1 or header.get("parties") != scheme.parties:
+        raise ShareFormatError("share bundle version or party count is not supported")
+    if rows < 0 or cols < 0 or order != scheme.components_of(party):
+        raise ShareFormatError("share bundle shape or component list is inconsistent")
+    head = _Head(scheme, party, dataset_id, kind, (rows, cols), frac_bits, order, digest)
+    return head, start + hlen
 
 
 def bundles_for_all(

@@ -13,8 +13,8 @@ the one-hot matrix L (m x (n-1)) and k:
    mean-imputed cells (SPEED has thousands) *are* the mean, and without the band
    their side would be decided by rounding. Computed as x > theta' with the public
    divisor m: theta' = floor((S + m) / m) by secure long division over the p
-   columns (V + 1 quotient bits; MP-SPDZ takes four per step), then one
-   comparison of bit length V + 2 per entry, batched (for integer x, x > r/m <=> x > floor(r/m)).
+   columns (V + 1 quotient bits; MP-SPDZ takes four per step), then one comparison
+   of bit length V + 2 per entry, batched (for integer x, x > r/m <=> x > floor(r/m)).
 2. Class counts by secure products (cost per output, not per instance):
    b = 1^T GT, B = L^T GT, a = m - b, A_c = colsum(L)_c - B_c, and the n-th class
    from a and b.
@@ -237,30 +237,73 @@ class Step2AReference:
     reduced: np.ndarray  # m x k int64 raw values of D'
 
 
+# Entries per block of columns in which mean_split works: bounds its temporaries
+# (a few 8-byte words per entry of one block) whatever the table's size.
+SPLIT_BLOCK = 1 << 22
+
+
 def mirror(raw: np.ndarray, y: np.ndarray, shape: Step2AShape) -> Step2AReference:
-    """The secure algorithm in the clear on encoded values: the fixed-point oracle."""
-    m, p = raw.shape
-    d = raw.astype(object)
-    col_sum = d.sum(axis=0)
-    gt = (m * d - col_sum[None, :]) > m
-    q: list[int] = []
-    if shape.scorer is not Scorer.MS_GINI:
-        q = scorer_q(d, gt, np.asarray(y), shape)
-    F = shape.score_frac_bits
-    for j in range(p if shape.scorer is Scorer.MS_GINI else 0):
-        above = gt[:, j]
-        b = int(above.sum())
-        a = m - b
-        bb = sum(int((above & (y == c)).sum()) ** 2 for c in range(shape.n_classes))
-        aa = sum(int((~above & (y == c)).sum()) ** 2 for c in range(shape.n_classes))
-        if b == 0:
-            num, den = aa, m
-        else:
-            num, den = aa * b + bb * a, a * b
-        q.append((num << F) // den)
+    """The secure algorithm in the clear on encoded values: the fixed-point oracle.
+
+    Exact integer arithmetic throughout. MS-GINI needs the mean split and counts
+    only, so it runs on machine integers at any size (about one byte per entry
+    beyond ``raw``); Pearson and chi-squared use Python integers.
+    """
+    raw = np.asarray(raw)
+    y = np.asarray(y)
+    p = raw.shape[1]
+    gt = mean_split(raw)
+    if shape.scorer is Scorer.MS_GINI:
+        q = ms_gini_q(gt, y, shape)
+    else:
+        q = scorer_q(raw.astype(object), gt, y, shape)
     order = sorted(range(p), key=lambda j: (-q[j], j))[: shape.k]
     sel = np.array(order, dtype=np.int64)
     return Step2AReference(q=q, selected=sel, reduced=raw[:, sel].astype(np.int64))
+
+
+def mean_split(raw: np.ndarray) -> np.ndarray:
+    """gt = [m*x - S > m] per entry (S the column sum), as an (m, p) bool array.
+
+    In int64, block by block of columns, when |m*x - S| <= 2 m max|x| stays below
+    2^63 (always for encoded values: |x| < 2^39, m < 2^20); else in Python integers.
+    """
+    m, p = raw.shape
+    gt = np.empty((m, p), dtype=bool)
+    if raw.size == 0:
+        return gt
+    peak = max(int(raw.max()), -int(raw.min()))
+    machine = 2 * m * peak < 1 << 63
+    step = max(1, SPLIT_BLOCK // m)
+    for j in range(0, p, step):
+        if machine:
+            x = raw[:, j : j + step].astype(np.int64)
+            gt[:, j : j + step] = (m * x - x.sum(axis=0)[None, :]) > m
+        else:
+            d = raw[:, j : j + step].astype(object)
+            gt[:, j : j + step] = (m * d - d.sum(axis=0)[None, :]) > m
+    return gt
+
+
+def ms_gini_q(gt: np.ndarray, y: np.ndarray, shape: Step2AShape) -> list[int]:
+    """MS-GINI's q = floor(Q * 2^F) per column from the mean split (steps 2-4)."""
+    m, p = gt.shape
+    F = shape.score_frac_bits
+    b = np.count_nonzero(gt, axis=0)
+    n_c = [int(np.count_nonzero(y == c)) for c in range(shape.n_classes)]
+    above_c = [np.count_nonzero(gt[y == c], axis=0) for c in range(shape.n_classes)]
+    q: list[int] = []
+    for j in range(p):
+        bj = int(b[j])
+        a = m - bj
+        bb = sum(int(v[j]) ** 2 for v in above_c)
+        aa = sum((n - int(v[j])) ** 2 for n, v in zip(n_c, above_c, strict=True))
+        if bj == 0:
+            num, den = aa, m
+        else:
+            num, den = aa * bj + bb * a, a * bj
+        q.append((num << F) // den)
+    return q
 
 
 def pearson_classes(n_classes: int) -> int:

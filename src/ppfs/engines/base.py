@@ -44,6 +44,8 @@ class PartyStats:
     seconds: float
     bytes_sent: int
     rounds: int = 0  # communication rounds the engine reports for this party (0: not reported)
+    # the party process's peak resident memory in bytes (None: not measured by this engine)
+    peak_rss_bytes: int | None = None
 
 
 @dataclass
@@ -110,6 +112,7 @@ class PartyRunResult:
     bytes_sent: int
     exit_code: int
     program_hash: str
+    peak_rss_bytes: int | None = None  # the party process's peak resident memory, if measured
 
 
 class Engine(Protocol):

@@ -25,7 +25,9 @@ MP-SPDZ is used as an external tool found at ``home`` (``MPSPDZ_HOME``, else
 :meth:`MpSpdzEngine.run_step2a` sets up and launches every party with the same
 per-party steps and supervises them together (first failure stops all, the
 culprit is named). Engine processes are started through
-:mod:`ppfs.engines.pdeathsig`, so they die with the process that launched them.
+:mod:`ppfs.engines.pdeathsig`, so they die with the process that launched them; that
+launcher also reports each one's exact peak resident memory (``wait4``), kept as the
+party's ``peak_rss_bytes``.
 
 Engine output is kept in capped files in each party's directory and never copied
 into an error message or a log: errors name the party, the exit code and a fixed
@@ -73,6 +75,7 @@ from ppfs.engines.base import (
     Step2AInputs,
 )
 from ppfs.engines.mpspdz_release import cpu_bin_dirs
+from ppfs.engines.pdeathsig import read_peak_rss
 from ppfs.errors import (
     EngineError,
     IntegrityError,
@@ -261,7 +264,7 @@ def write_party_input(
         if security not in PERSISTED:
             for bundle in bundles:
                 for j in party_input_order(security, party):
-                    fh.write(np.ascontiguousarray(bundle.components[j], dtype="<u8").tobytes())
+                    fh.write(np.ascontiguousarray(bundle.components[j], dtype="<u8").data)
             return
     if persistence is None:
         raise ParameterError(f"{security.value} needs the persistence file's path")
@@ -393,8 +396,14 @@ class _Party:
     err: _Capture
     started: float
     drains: asyncio.Future[tuple[None, None]]
+    peak_rss_file: Path  # where its launcher writes the binary's peak memory when it ends
     ended: float | None = None
     stopped_by_us: bool = False
+
+    @property
+    def peak_rss(self) -> int | None:
+        """The engine binary's peak resident memory in bytes, once it has ended."""
+        return read_peak_rss(self.peak_rss_file)
 
     @property
     def name(self) -> str:
@@ -635,6 +644,7 @@ class MpSpdzEngine:
                 seconds=(p.ended or time.perf_counter()) - p.started,
                 bytes_sent=_bytes_sent(bytes(p.err.kept)),
                 rounds=_rounds(bytes(p.err.kept)),
+                peak_rss_bytes=p.peak_rss,
             )
             for p in parties
         ]
@@ -668,9 +678,11 @@ class MpSpdzEngine:
             p for p in (str(self.home), env.get("LD_LIBRARY_PATH", "")) if p
         )
         d = spec.workdir
-        # launched through ppfs.engines.pdeathsig: it dies with this process
+        peak_file = d / "peak-rss"
+        # launched through ppfs.engines.pdeathsig: it dies with this process, and its
+        # launcher reports its peak memory when it ends
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ppfs.engines.pdeathsig",
+            sys.executable, "-m", "ppfs.engines.pdeathsig", "--peak-rss", str(peak_file),
             binary, "-p", str(spec.party), "--ip-file-name", "HOSTS", "-v",
             "-o", "no_memory_output", *preprocessing_batch(spec.shape, spec.security), name,
             cwd=d, env=env, stdin=asyncio.subprocess.DEVNULL,
@@ -680,7 +692,7 @@ class MpSpdzEngine:
         out = _Capture(d / "stdout.log")
         err = _Capture(d / "stderr.log")
         drains = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
-        return _Party(spec.party, proc, out, err, time.perf_counter(), drains)
+        return _Party(spec.party, proc, out, err, time.perf_counter(), drains, peak_file)
 
     async def run_party(
         self, spec: PartyRunSpec, progress: Progress | None = None
@@ -715,6 +727,7 @@ class MpSpdzEngine:
             bytes_sent=_bytes_sent(bytes(party.err.kept)),
             exit_code=party.proc.returncode or 0,
             program_hash=digest,
+            peak_rss_bytes=party.peak_rss,
         )
 
     async def _supervise(self, parties: list[_Party], timeout: float | None = None) -> None:
