@@ -2,7 +2,7 @@
 
 ``write_durable`` is how every state file is written: a reader sees the old file or
 the whole new one, never a torn write, and the new one survives a crash once the
-call returns.
+call returns. ``write_atomic`` is the same without the sync, for a run's scratch files.
 """
 
 from __future__ import annotations
@@ -23,16 +23,27 @@ def fsync_dir(path: Path) -> None:
 
 def write_durable(path: Path, data: bytes) -> None:
     """Write to a unique temporary file, fsync it, rename it over ``path``, fsync the dir."""
+    _write_replace(path, data, sync=True)
+    fsync_dir(path.parent)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """As :func:`write_durable` (a reader sees the old file or the whole new one) but
+    without syncing to disk: for files that need not outlive a crash."""
+    _write_replace(path, data, sync=False)
+
+
+def _write_replace(path: Path, data: bytes, *, sync: bool) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

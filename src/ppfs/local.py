@@ -88,7 +88,9 @@ def prepare_inputs(
             matrix, security.scheme, dataset_id=dataset_id, kind=kind, frac_bits=frac
         )
         for i, b in enumerate(bundles):
-            b.save(dirs[i] / f"{kind}.shr")
+            # not synced to disk: the engine reads them at once, and a crash ends the run
+            # anyway
+            b.save(dirs[i] / f"{kind}.shr", durable=False)
     return PreparedInputs(Step2AInputs(shape, security, dirs), exps, raw, words)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppfs.durable import write_durable
+from ppfs.durable import write_atomic, write_durable
 from ppfs.errors import ShareFormatError
 
 MAGIC = b"PPFSSHR1"
@@ -143,9 +143,11 @@ class ShareBundle:
 
     def to_bytes(self) -> bytes:
         order = sorted(self.components)
-        payload = b"".join(
-            np.ascontiguousarray(self.components[j], dtype="<u8").tobytes() for j in order
-        )
+        # the components' own memory, hashed and joined once (no intermediate copies)
+        payload = [np.ascontiguousarray(self.components[j], dtype="<u8").data for j in order]
+        digest = hashlib.sha256()
+        for part in payload:
+            digest.update(part)
         header = {
             "version": 1,
             "scheme": self.scheme.value,
@@ -156,10 +158,10 @@ class ShareBundle:
             "shape": list(self.shape),
             "frac_bits": self.frac_bits,
             "components": order,
-            "sha256": hashlib.sha256(payload).hexdigest(),
+            "sha256": digest.hexdigest(),
         }
         hdr = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        return MAGIC + _U32.pack(len(hdr)) + hdr + payload
+        return b"".join([MAGIC, _U32.pack(len(hdr)), hdr, *payload])
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> ShareBundle:
@@ -199,9 +201,14 @@ class ShareBundle:
         }
         return cls(scheme, party, dataset_id, kind, (rows, cols), frac_bits, comps)
 
-    def save(self, path: Path) -> None:
-        """Write durably and atomically: a reader never sees a half-written bundle."""
-        write_durable(path, self.to_bytes())
+    def save(self, path: Path, *, durable: bool = True) -> None:
+        """Write atomically: a reader never sees a half-written bundle. ``durable``
+        (the default) also syncs it to disk before returning; an embedded run's inputs,
+        deleted when the run ends, need not survive a crash."""
+        if durable:
+            write_durable(path, self.to_bytes())
+        else:
+            write_atomic(path, self.to_bytes())
 
     @classmethod
     def load(cls, path: Path) -> ShareBundle:
