@@ -558,6 +558,7 @@ class MpSpdzEngine:
         dirs = [root / f"P{i}" for i in range(security.parties)]
         if progress:
             progress("preparing the parties' working directories, keys and inputs")
+        t_setup = time.perf_counter()
         try:
             specs = await asyncio.to_thread(self._embedded_specs, inputs, dirs)
             hashed: dict[Path, str] = {}
@@ -568,6 +569,7 @@ class MpSpdzEngine:
                     f"starting {security.parties} MP-SPDZ parties ({PROTOCOLS[security].binary})"
                 )
             t0 = time.perf_counter()
+            setup_seconds = t0 - t_setup
             parties = await self._launch(specs, name)
             if progress:
                 progress("running the secure computation")
@@ -595,6 +597,7 @@ class MpSpdzEngine:
             parties=stats,
             program_hash=digest,
             compile_seconds=compile_seconds,
+            setup_seconds=setup_seconds,
             rounds=max(s.rounds for s in stats),
         )
 
