@@ -94,6 +94,10 @@ def test_select_json_and_out_on_mpyc(good_csv, tmp_path):
     assert res["selected"] == [t.columns[j] for j in plain]
     assert res["k"] == 2 and res["security"] == "passive-3pc" and res["engine"] == "mpyc"
     assert res["parties"] == 3 and res["seconds"] > 0 and res["bytes_sent"] >= 0
+    # where the time outside the engine went
+    assert res["compile_seconds"] >= 0
+    assert sorted(res["phase_seconds"]) == ["decode", "encode_share", "engine_setup", "read"]
+    assert all(v >= 0 for v in res["phase_seconds"].values())
     assert "engine mpyc" in proc.stderr
     reduced = read_csv(out, "y")
     assert list(reduced.columns) == res["selected"]

@@ -2,7 +2,7 @@
 
 ``write_durable`` is how every state file is written: a reader sees the old file or
 the whole new one, never a torn write, and the new one survives a crash once the
-call returns.
+call returns. ``write_atomic`` is the same without the sync, for a run's scratch files.
 """
 
 from __future__ import annotations
@@ -30,17 +30,33 @@ def write_durable(path: Path, data: bytes) -> None:
 def write_durable_parts(path: Path, parts: Iterable[bytes | memoryview]) -> None:
     """:func:`write_durable` of the concatenated ``parts``, written one after the other
     (a large file need not exist as one bytes object first)."""
+    _write_replace(path, parts, sync=True)
+    fsync_dir(path.parent)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """As :func:`write_durable` (a reader sees the old file or the whole new one) but
+    without syncing to disk: for files that need not outlive a crash."""
+    write_atomic_parts(path, [data])
+
+
+def write_atomic_parts(path: Path, parts: Iterable[bytes | memoryview]) -> None:
+    """:func:`write_atomic` of the concatenated ``parts``."""
+    _write_replace(path, parts, sync=False)
+
+
+def _write_replace(path: Path, parts: Iterable[bytes | memoryview], *, sync: bool) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         with open(tmp, "wb") as fh:
             for part in parts:
                 fh.write(part)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

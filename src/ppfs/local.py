@@ -9,6 +9,7 @@ unmasks the opened words on the recipient's side only.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,10 @@ class Selection:
     fixed_point: FixedPoint
     model: Model | None = None
     model_words: np.ndarray | None = None  # the model's unmasked fixed-point words
+    # outside the engine: encoding, sharing and writing every party's inputs (the owner's
+    # side), and unmasking and decoding the opened words (the recipient's side)
+    prepare_seconds: float = 0.0
+    finish_seconds: float = 0.0
 
 
 def prepare_inputs(
@@ -88,7 +93,9 @@ def prepare_inputs(
             matrix, security.scheme, dataset_id=dataset_id, kind=kind, frac_bits=frac
         )
         for i, b in enumerate(bundles):
-            b.save(dirs[i] / f"{kind}.shr")
+            # not synced to disk: the engine reads them at once, and a crash ends the run
+            # anyway
+            b.save(dirs[i] / f"{kind}.shr", durable=False)
     return PreparedInputs(Step2AInputs(shape, security, dirs), exps, raw, words)
 
 
@@ -124,9 +131,12 @@ async def run_select(
         refuse_unstandardisable(raw, table.columns, fp.value_bits, train)
     if progress:
         progress("encoding and secret-sharing the data")
+    t_prepare = time.perf_counter()
     prepared = prepare_inputs(table, k, security, workdir, fixed_point=fp,
                               train=train, reveal_reduced=reveal_reduced, scorer=scorer)
+    prepare_seconds = time.perf_counter() - t_prepare
     run = await engine.run_step2a(prepared.inputs, workdir, progress)
+    t_finish = time.perf_counter()
     shape = prepared.inputs.shape
     out = unmask_all(run.opened, prepared.mask_words, shape)
     idx = out.indices
@@ -154,4 +164,6 @@ async def run_select(
         fixed_point=fp,
         model=model,
         model_words=out.model,
+        prepare_seconds=prepare_seconds,
+        finish_seconds=time.perf_counter() - t_finish,
     )

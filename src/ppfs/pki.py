@@ -27,7 +27,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from ppfs.engines.base import PARTY_NAMES
-from ppfs.keycert import certify_party_keys
 
 _VALIDITY = dt.timedelta(days=365)
 
@@ -172,6 +171,10 @@ def certify_party_key_request(
     """The CA's side of a party's key request (``party-keys.json``: index, name, public
     box and signing keys): check it and return (key statement, CA signature), valid
     for at most a year and never beyond the CA certificate."""
+    # imported here: an embedded run (ppfs select) makes its per-run CA with this module
+    # and certifies no party keys
+    from ppfs.keycert import certify_party_keys
+
     try:
         d = json.loads(request_path.read_text())
         index, name = int(d["index"]), str(d["name"])

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppfs.durable import write_durable_parts
+from ppfs.durable import write_atomic_parts, write_durable_parts
 from ppfs.errors import ShareFormatError
 
 MAGIC = b"PPFSSHR1"
@@ -190,11 +190,14 @@ class ShareBundle:
             raise ShareFormatError("share bundle payload has the wrong length")
         return header.bundle(np.frombuffer(payload, dtype="<u8"))
 
-    def save(self, path: Path) -> None:
-        """Write durably and atomically: a reader never sees a half-written bundle.
-        The same bytes as :meth:`to_bytes`, streamed from the components' buffers."""
+    def save(self, path: Path, *, durable: bool = True) -> None:
+        """Write atomically: a reader never sees a half-written bundle. ``durable``
+        (the default) also syncs it to disk before returning; an embedded run's inputs,
+        deleted when the run ends, need not survive a crash. The same bytes as
+        :meth:`to_bytes`, streamed from the components' buffers."""
         payload = self._payload()
-        write_durable_parts(path, [self._head(payload), *payload])
+        write = write_durable_parts if durable else write_atomic_parts
+        write(path, [self._head(payload), *payload])
 
     @classmethod
     def load(cls, path: Path) -> ShareBundle:

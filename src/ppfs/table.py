@@ -7,7 +7,9 @@ Every problem is reported as :class:`InputDataError` naming the column and row
 from __future__ import annotations
 
 import csv
+import itertools
 import math
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +105,41 @@ def _read_rows(path: Path) -> tuple[list[str], list[list[str]]]:
 
 def _numeric(header: list[str], body: list[list[str]], cols: list[int], source: str) -> np.ndarray:
     """The float matrix of columns ``cols``, naming the first missing or non-numeric cell."""
+    x = _all_finite(body, cols)
+    if x is not None:
+        return x
+    # some cell is missing, not a number or not finite (or padded with a space float()
+    # does not skip): read cell by cell, which names the first bad one
+    return _numeric_cells(header, body, cols, source)
+
+
+def _all_finite(body: list[list[str]], cols: list[int]) -> np.ndarray | None:
+    """The float matrix of columns ``cols`` when ``float`` reads every cell as written to
+    a finite number, else None; one pass of ``float`` over all cells, no per-cell checks.
+
+    Where it returns a matrix it is :func:`_numeric_cells`'s: ``float`` skips only
+    whitespace that ``str.strip`` removes too (a cell padded otherwise fails here and is
+    read there), and no missing-value marker reads as a finite number.
+    """
+    if not cols:
+        return np.empty((len(body), 0), dtype=np.float64)
+    if len(cols) == 1:
+        cells = [r[cols[0]] for r in body]  # itemgetter of one index returns no tuple
+    else:
+        cells = list(itertools.chain.from_iterable(map(operator.itemgetter(*cols), body)))
+    try:
+        x = np.fromiter(map(float, cells), dtype=np.float64, count=len(cells))
+    except ValueError:
+        return None
+    if not np.isfinite(x).all():
+        return None
+    return x.reshape(len(body), len(cols))
+
+
+def _numeric_cells(
+    header: list[str], body: list[list[str]], cols: list[int], source: str
+) -> np.ndarray:
+    """:func:`_numeric` cell by cell: stops at the first bad cell, naming it."""
     x = np.empty((len(body), len(cols)), dtype=np.float64)
     for i, r in enumerate(body, start=1):
         for t, j in enumerate(cols):

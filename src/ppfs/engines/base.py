@@ -59,6 +59,9 @@ class EngineRun:
     parties: list[PartyStats] = field(default_factory=list)
     program_hash: str | None = None
     compile_seconds: float = 0.0  # compiling (or finding the cached program), not in seconds
+    # the parties' keys, working directories and input files, before launching (not in
+    # seconds)
+    setup_seconds: float = 0.0
     rounds: int = 0  # the most communication rounds any party reports (0 if unknown)
 
 

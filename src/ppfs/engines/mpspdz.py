@@ -568,9 +568,13 @@ class MpSpdzEngine:
             ))
         return specs
 
-    def _setup_party(self, spec: PartyRunSpec, programs: Path, name: str, digest: str) -> None:
+    def _setup_party(self, spec: PartyRunSpec, programs: Path, name: str, digest: str,
+                     hashed: dict[Path, str] | None = None) -> None:
         """One party's working directory: Player-Data (its key and certificate, the
-        deployment CA, hashed for OpenSSL's lookup), the program, HOSTS and its input."""
+        deployment CA, hashed for OpenSSL's lookup), the program, HOSTS and its input.
+
+        The program it links is hashed and checked; with ``hashed``, once per program
+        directory (the parties of an embedded run all link the same one)."""
         i, d = spec.party, spec.workdir
         if len(spec.peers) != spec.security.parties or not 0 <= i < spec.security.parties:
             raise ParameterError(
@@ -598,7 +602,12 @@ class MpSpdzEngine:
         write_party_input(spec.security, spec.shape, i, spec.input_dir,
                           pdata / f"Input-Binary-P{i}-0", spec.session_tag or 0,
                           persistence_file(d, i))
-        own = tree_hash(d / "Programs", name)
+        linked = (d / "Programs").resolve()
+        own = hashed.get(linked) if hashed is not None else None
+        if own is None:
+            own = tree_hash(linked, name)
+            if hashed is not None:
+                hashed[linked] = own
         for expected in (digest, spec.program_hash):
             if expected is not None and own != expected:
                 raise EngineError(
@@ -621,15 +630,18 @@ class MpSpdzEngine:
         dirs = [root / f"P{i}" for i in range(security.parties)]
         if progress:
             progress("preparing the parties' working directories, keys and inputs")
+        t_setup = time.perf_counter()
         try:
             specs = await asyncio.to_thread(self._embedded_specs, inputs, dirs)
+            hashed: dict[Path, str] = {}
             for spec in specs:
-                await asyncio.to_thread(self._setup_party, spec, programs, name, digest)
+                await asyncio.to_thread(self._setup_party, spec, programs, name, digest, hashed)
             if progress:
                 progress(
                     f"starting {security.parties} MP-SPDZ parties ({PROTOCOLS[security].binary})"
                 )
             t0 = time.perf_counter()
+            setup_seconds = t0 - t_setup
             parties = await self._launch(specs, name)
             if progress:
                 progress("running the secure computation")
@@ -658,6 +670,7 @@ class MpSpdzEngine:
             parties=stats,
             program_hash=digest,
             compile_seconds=compile_seconds,
+            setup_seconds=setup_seconds,
             rounds=max(s.rounds for s in stats),
         )
 

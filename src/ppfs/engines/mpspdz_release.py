@@ -17,10 +17,7 @@ import hashlib
 import os
 import re
 import shutil
-import tarfile
 import tempfile
-import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -111,6 +108,11 @@ def fetch(source: str | None, version: str, into: Path) -> Path:
         if not path.is_file():
             raise ReleaseError(f"{source}: no such file")
         return path
+    # imported here, not at the top: `ppfs select` finds MP-SPDZ through this module and
+    # downloads nothing
+    import urllib.parse
+    import urllib.request
+
     url = source or RELEASE_URL.format(v=version)
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme not in ("https", "http", "file"):
@@ -146,6 +148,8 @@ def extract(
     ``dest``, or None to skip it (default: everything, same layout). Refuses any member
     outside the top directory and any link leading out of it.
     """
+    import tarfile  # here, as urllib in fetch: only an install unpacks anything
+
     top = f"mp-spdz-{version}"
     written: set[str] = set()
     hardlinks: list[tuple[str, str]] = []

@@ -209,6 +209,7 @@ class MpycEngine:
 
         root = Path(workdir) / "mpyc"
         dirs = [root / f"P{i}" for i in range(n)]
+        t_setup = time.monotonic()
         specs = self._embedded_specs(inputs, dirs)
         for spec in specs:
             self._prepare_party(spec, timeout)
@@ -234,6 +235,7 @@ class MpycEngine:
             bytes_sent=sum(s.bytes_sent for s in stats),
             parties=stats,
             program_hash=program_hash(shape, security),
+            setup_seconds=t0 - t_setup,
         )
 
     async def run_party(
