@@ -6,8 +6,10 @@ integer algorithm below on secret shares; :func:`mirror` runs it in the clear. T
 only difference is rounding: the engines truncate probabilistically (a / 2^f rounded
 down or up, at random), the mirror rounds down. (MP-SPDZ in active 3PC truncates
 exactly, rounding down as the mirror does, in the sequential steps on few values: per
-column and per SGD step, where its exact truncation takes fewer rounds.) The tests
-bound the effect (see :func:`weight_tolerance`).
+column and per SGD step, where its exact truncation takes fewer rounds; and the m*k
+truncations of the standardisation, steps 2 and 5, with a cheaper mask that leaves
+them -1 to +2 units off the floor, without bias.) The tests bound the effect (see
+:func:`weight_tolerance`).
 
 Every value is an integer; "fixed point with F bits" means the integer round(v * 2^F).
 F = ``TrainParams.frac_bits`` (16). trunc(a, f) = a / 2^f rounded (down in the mirror).
@@ -585,7 +587,8 @@ def weight_tolerance(steps: int, params: TrainParams, k: int, z_max: float,
     """Bound on |w_MPC - w_mirror| (standardised units) from rounding alone.
 
     Each probabilistic truncation in MPC differs from the mirror's (rounding down) by
-    at most one unit 2^-F. The standardisation puts at most a few units into each z
+    at most one unit 2^-F (two for the standardisation's in active 3PC with MP-SPDZ).
+    The standardisation puts at most a few units into each z
     (kappa carries the Newton steps' and g's errors, relative 2^-(F-3); z's own
     truncation one unit). Per SGD step, for one weight:
 
