@@ -104,6 +104,29 @@ def test_standardisation_removes_the_column_scale() -> None:
     assert np.abs(z1 - z2).max() / 2**16 < 0.01
 
 
+@pytest.mark.parametrize("m", [2, 7, 1000, 8378])
+def test_standardisation_values_fit_their_bit_lengths(m: int) -> None:
+    """c = x - mu and c^ * kappa stay within centre_bits and z_bits (the lengths the
+    MP-SPDZ program truncates them at), also for the extreme columns: full range,
+    one outlier (|c^| ~ sqrt(U), the largest |z|), constant, tiny spread."""
+    rng = np.random.default_rng(m)
+    lim = (1 << 31) - 1
+    outlier = np.zeros(m, dtype=np.int64)
+    outlier[m // 2] = lim
+    cols = [np.where(np.arange(m) % 2 == 0, -lim - 1, lim), outlier,
+            np.full(m, -lim - 1), rng.integers(-3, 3, m), rng.integers(-lim - 1, lim, m),
+            (rng.standard_normal(m) * (1 << 20)).astype(np.int64)]
+    raw = np.column_stack(cols).astype(np.int64)
+    for f in (12, 16, 20):
+        c = step2b.constants(m, raw.shape[1], 2, 32, TrainParams(frac_bits=f))
+        st = step2b.standardise_columns(raw, c)
+        centred = raw.astype(object) - st.mu[None, :]
+        assert max(abs(int(v)) for v in centred.reshape(-1)) < 1 << (c.centre_bits - 1)
+        product = step2b.trunc(centred, c.preshift) * st.kappa[None, :]
+        assert max(abs(int(v)) for v in product.reshape(-1)) < 1 << (c.z_bits - 1)
+    assert step2b.z_bits((1 << 20) - 1, 20) <= 63
+
+
 def test_decoded_model_reproduces_the_standardised_scores() -> None:
     table = make_table(120, 5, n_classes=3, seed=6)
     fp = FixedPoint()
@@ -139,7 +162,7 @@ def test_shape_outputs_and_program_args() -> None:
         assert args[:6] == ["active-3pc", *shape.program_args()[:5]]
         assert args[14:] == shape.train_args()
         assert all(a.isdigit() for a in args[1:])  # compile.py reads '-' as an option
-    assert len(trained.train_args()) == 2 + 25
+    assert len(trained.train_args()) == 2 + 27
 
 
 def test_unmask_all_splits_the_outputs() -> None:

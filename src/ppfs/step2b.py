@@ -4,7 +4,11 @@ Step 2B runs in the same secure program as Step 2A, on D' and the labels exactly
 Step 2A leaves them (nothing is persisted in between). Both engines implement the
 integer algorithm below on secret shares; :func:`mirror` runs it in the clear. The
 only difference is rounding: the engines truncate probabilistically (a / 2^f rounded
-down or up, at random), the mirror rounds down. The tests bound the effect (see
+down or up, at random), the mirror rounds down. (MP-SPDZ in active 3PC truncates
+exactly, rounding down as the mirror does, in the sequential steps on few values: per
+column and per SGD step, where its exact truncation takes fewer rounds; and the m*k
+truncations of the standardisation, steps 2 and 5, with a cheaper mask that leaves
+them -1 to +2 units off the floor, without bias.) The tests bound the effect (see
 :func:`weight_tolerance`).
 
 Every value is an integer; "fixed point with F bits" means the integer round(v * 2^F).
@@ -16,7 +20,8 @@ them drop out). For each selected column r, with x the m encoded values:
 1. Centre: mu = floor(S / m) (S the column sum; Step 2A already computed it for every
    column, the selected ones are picked by T). c = x - mu is an exact integer,
    |c| < 2^V. (The centred column's mean, (S mod m)/m < 1 unit, is left to the intercept.)
-2. Pre-shift: c^ = trunc(c, s) with the public s = max(0, V - floor((61 - bitlen(m)) / 2)),
+2. Pre-shift: c^ = trunc(c, s) (c of bit length V + 1) with the public
+   s = max(0, V - floor((61 - bitlen(m)) / 2)),
    so that U = sum c^2 < 2^61 fits the 64-bit ring (s = 5, 7, 9 bits for the paper's
    shapes with V = 32). A column encoded up to the owner's target 2^23 keeps 14 to 18
    significant bits in c^; only a column whose spread is tiny against its largest
@@ -33,6 +38,9 @@ them drop out). For each selected column r, with x the m encoded values:
    comparison bits b_t (telescoping: 2^(30-E) = 2^30 - sum_t b_t 2^(30-t)): exact, no
    further comparison.
 5. z = trunc(c^ * kappa, 31): the standardised value with F bits, |z| <= sqrt(m).
+   |c^| <= sqrt(U) < sqrt(W), so |c^ * kappa| < sqrt(m) 2^(F+31) times one plus
+   kappa's relative error (below 2^-(F-3)), less than 2 (isqrt(m) + 1) 2^(F+31):
+   the product's signed bit length is at most :func:`z_bits` (56 for SPEED's m).
 
 Training: one model per class against the rest (one model for two classes: class 1
 against class 0), all updated together. A public permutation of the rows from the
@@ -78,8 +86,11 @@ run). Two checks; each reveals one public bit, "out of range", and nothing else:
   wrap the ring within one epoch from the checked range (none of the paper's).
 
 With both bits 0, every truncation acts on a value below 2^62 (bit length 63) and the
-comparisons of u (48 bits) are exact. The data owner's client also refuses a column
-it can see is out of range (:func:`refuse_unstandardisable`) before anything starts.
+comparisons of u (48 bits) are exact. The m*k truncations of the standardisation are
+sized to their values' bounds (``TrainConstants.centre_bits``, ``z_bits``): an engine
+whose truncation costs grow with the bit length may use them. The data owner's client
+also refuses a column it can see is out of range (:func:`refuse_unstandardisable`)
+before anything starts.
 """
 
 from __future__ import annotations
@@ -218,6 +229,8 @@ class TrainConstants:
     ratio_shift: int  # t: mu / sigma computed as trunc(trunc(mu^ 2^(30-E), t) g, 31 - t)
     ratio_limit: int  # 2^(F + RATIO_BITS)
     weight_limit: int  # 2^(F + weight_bits)
+    centre_bits: int  # bit length of c = x - mu: V + 1
+    z_bits: int  # bit length of c^ * kappa (step 5)
 
     @property
     def alpha_frac(self) -> int:
@@ -243,7 +256,7 @@ class TrainConstants:
                 self.eta_last, self.perm_a, self.perm_b, self.y0_a, self.y0_b, self.cuts[2],
                 self.cuts[3],
                 self.tail, *self.slopes, *self.offsets, self.ratio_shift, self.ratio_limit,
-                self.weight_limit]
+                self.weight_limit, self.centre_bits, self.z_bits]
 
 
 def n_models(n_classes: int) -> int:
@@ -277,7 +290,15 @@ def constants(m: int, k: int, n_classes: int, value_bits: int,
         offsets=tuple(fx(o) for o in SIGMOID_OFFSETS),
         ratio_shift=max(0, sqrt_m.bit_length() + 1 - s),
         ratio_limit=1 << (f + RATIO_BITS), weight_limit=1 << (f + params.weight_bits),
+        centre_bits=value_bits + 1, z_bits=z_bits(m, f),
     )
+
+
+def z_bits(m: int, frac: int) -> int:
+    """Signed bit length of c^ * kappa in step 5: |c^ * kappa| < B = 2 (isqrt(m) + 1)
+    2^(F+31) (module docstring), and B <= 2^(bits - 1). At most 63 (m < 2^20, F <= 20)."""
+    bound = (math.isqrt(m) + 1) << (frac + INV_SHIFT + 1)
+    return (bound - 1).bit_length() + 1
 
 
 def check_shape(m: int, k: int, params: TrainParams) -> None:
@@ -566,7 +587,8 @@ def weight_tolerance(steps: int, params: TrainParams, k: int, z_max: float,
     """Bound on |w_MPC - w_mirror| (standardised units) from rounding alone.
 
     Each probabilistic truncation in MPC differs from the mirror's (rounding down) by
-    at most one unit 2^-F. The standardisation puts at most a few units into each z
+    at most one unit 2^-F (two for the standardisation's in active 3PC with MP-SPDZ).
+    The standardisation puts at most a few units into each z
     (kappa carries the Newton steps' and g's errors, relative 2^-(F-3); z's own
     truncation one unit). Per SGD step, for one weight:
 
