@@ -518,6 +518,8 @@ def main() -> int:
               f"{duration(est.total(grid))})")
     if args.dry_run:
         return 0
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     reason = get_engine(args.engine).unavailable_reason()
     if reason is not None:
         print(f"engine {args.engine} is not usable: {reason}", file=sys.stderr)
