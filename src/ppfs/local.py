@@ -127,31 +127,37 @@ async def run_select(
         raise EngineUnavailableError(f"engine {engine.name} does not support {security.value}")
     fp = fixed_point or FixedPoint()
     if train is not None and refuse_out_of_range:
-        raw = fp.encode(table.x, fp.choose_exponents(table.x, table.columns), table.columns)
-        refuse_unstandardisable(raw, table.columns, fp.value_bits, train)
+        refuse_unstandardisable(
+            fp.encode(table.x, fp.choose_exponents(table.x, table.columns), table.columns),
+            table.columns, fp.value_bits, train,
+        )
     if progress:
         progress("encoding and secret-sharing the data")
     t_prepare = time.perf_counter()
     prepared = prepare_inputs(table, k, security, workdir, fixed_point=fp,
                               train=train, reveal_reduced=reveal_reduced, scorer=scorer)
     prepare_seconds = time.perf_counter() - t_prepare
-    run = await engine.run_step2a(prepared.inputs, workdir, progress)
+    # only the recipient's mask words and the public exponents are needed afterwards:
+    # the encoded table is not kept beside the parties while they run
+    inputs, mask_words, exponents = prepared.inputs, prepared.mask_words, prepared.exponents
+    del prepared
+    run = await engine.run_step2a(inputs, workdir, progress)
     t_finish = time.perf_counter()
-    shape = prepared.inputs.shape
-    out = unmask_all(run.opened, prepared.mask_words, shape)
+    shape = inputs.shape
+    out = unmask_all(run.opened, mask_words, shape)
     idx = out.indices
     if np.any((idx < 0) | (idx >= shape.p)) or len(set(idx.tolist())) != shape.k:
         raise EngineError("the opened selection is not a set of k distinct columns")
     if out.reduced is not None:
         reduced_raw = out.reduced
-        reduced = fp.decode(reduced_raw, prepared.exponents[idx][None, :])
+        reduced = fp.decode(reduced_raw, exponents[idx][None, :])
     else:
         reduced_raw = np.zeros((shape.m, 0), dtype=np.int64)
         reduced = np.zeros((shape.m, 0))
     model = None
     if train is not None and out.model is not None:
         alpha_full, beta = split_model_words(out.model, shape.p, shape.n_classes)
-        model = decode_model(alpha_full, beta, prepared.exponents, fp, train,
+        model = decode_model(alpha_full, beta, exponents, fp, train,
                              table.columns, table.classes)
     return Selection(
         columns=[table.columns[int(j)] for j in idx],
