@@ -34,9 +34,11 @@ milliseconds). It raises its own priority first (SCHED_FIFO 1 when permitted, el
 lower nice value) so a busy machine wakes it on time, and reports which. Its ``stats``
 are the same figures as RelayMesh's, plus its CPU seconds and how late it woke up for
 chunks that were due (its own share of a hold above the delay; the rest is a receiver
-whose buffer was full, or a target not listening yet, that the chunk waited for). Hold
-is measured from the moment the relay read a chunk: time the data waited in the kernel
-before the relay woke up is not in it (small at real-time priority).
+whose buffer was full, so the chunk waited for it). Chunks sent before the target
+listened (a party dials its peers as it starts) are counted apart (``waited``), not in
+the hold. Hold is measured from the moment the relay read a chunk: time the data
+waited in the kernel before the relay woke up is not in it (small at real-time
+priority).
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ class DirectionStats:
     chunks: int = 0
     hold_sum: float = 0.0
     hold_max: float = 0.0
+    # chunks that arrived before the target listened, so waited for it (RelayProcess
+    # only): forwarded, not in chunks and the hold, which are the delay of a live link
+    waited: int = 0
 
     def add(self, other: DirectionStats) -> None:
         self.arrived += other.arrived
@@ -94,6 +99,7 @@ class DirectionStats:
         self.chunks += other.chunks
         self.hold_sum += other.hold_sum
         self.hold_max = max(self.hold_max, other.hold_max)
+        self.waited += other.waited
 
     @property
     def hold_mean(self) -> float:
@@ -359,6 +365,7 @@ class _Link:
         self.target_addr = target
         self.target: socket.socket | None = None
         self.connected = False
+        self.connected_at = float("inf")  # when the target took the connection
         self.give_up = give_up
         self.up = _Direction(stats.to_target)
         self.down = _Direction(stats.from_target)
@@ -501,6 +508,7 @@ class EpollRelays:
         except OSError:
             return  # still connecting
         link.connected = True
+        link.connected_at = time.monotonic()
         link.up.dst = link.target
         link.down.src = link.target
         self._update(link)
@@ -595,9 +603,12 @@ class EpollRelays:
             if not d.counted:
                 d.counted = True
                 hold = now - arrived
-                d.stats.chunks += 1
-                d.stats.hold_sum += hold
-                d.stats.hold_max = max(d.stats.hold_max, hold)
+                if arrived < link.connected_at:
+                    d.stats.waited += 1  # held up by the target, not by the delay
+                else:
+                    d.stats.chunks += 1
+                    d.stats.hold_sum += hold
+                    d.stats.hold_max = max(d.stats.hold_max, hold)
             try:
                 n = d.dst.send(memoryview(data)[d.sent:])
             except (BlockingIOError, InterruptedError):
@@ -638,7 +649,7 @@ class EpollRelays:
         total = self.totals()
         return {
             "connections": sum(st.connections for st in self.stats.values()),
-            "bytes": total.bytes, "chunks": total.chunks,
+            "bytes": total.bytes, "chunks": total.chunks, "waited": total.waited,
             "hold_mean_ms": total.hold_mean * 1e3, "hold_max_ms": total.hold_max * 1e3,
             "late_mean_ms": self.late.hold_mean * 1e3, "late_max_ms": self.late.hold_max * 1e3,
             "cpu_seconds": use.ru_utime + use.ru_stime,

@@ -253,7 +253,13 @@ def test_relay_process_waits_for_a_target_that_is_not_listening_yet() -> None:
                 conn.sendall(b"late")
                 assert c.recv(4) == b"late"
             srv.close()
-        assert relay.stats()["connections"] == 1
+        report = relay.stats()
+    assert report["connections"] == 1
+    # what waited for the target is forwarded but kept out of the hold
+    st = report["relays"][str(port)]
+    assert st["to_target"]["waited"] == 1 and st["to_target"]["chunks"] == 0
+    assert st["to_target"]["bytes"] == 5
+    assert st["from_target"]["chunks"] == 1 and st["from_target"]["waited"] == 0
 
 
 def test_relay_process_refuses_a_busy_port_and_other_hosts() -> None:
