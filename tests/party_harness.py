@@ -14,7 +14,6 @@ import asyncio
 import base64
 import datetime as dt
 import hashlib
-import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -43,7 +42,7 @@ from ppfs.contract import (
     description_sha256,
     plan,
 )
-from ppfs.durable import free_ports
+from ppfs.durable import free_port_ranges
 from ppfs.engines.mpyc_engine import MpycEngine
 from ppfs.pki import CertificateAuthority, issue_client_identity
 from ppfs.scoring import Scorer
@@ -77,31 +76,6 @@ class Owner:
     owner_id: str
     key: SigningKey
     box: PrivateKey = field(default_factory=PrivateKey.generate)
-
-
-def free_port_ranges(parties: int, count: int) -> list[int]:
-    """First ports of ``parties`` ranges of ``count`` consecutive ports free right now."""
-    if count == 1:
-        return free_ports(parties)
-    bases: list[int] = []
-    taken: set[int] = set()
-    while len(bases) < parties:
-        base = free_ports(1)[0]
-        span = set(range(base, base + count))
-        if base + count > 65535 or span & taken:
-            continue
-        ok = True
-        for port in span:
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            bases.append(base)
-            taken |= span
-    return bases
 
 
 @dataclass

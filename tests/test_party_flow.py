@@ -61,9 +61,11 @@ async def run_scenario(
     security: Security,
     engine: str,
     combination: str,
+    peers: list[str] | None = None,
 ) -> float:
     """Two owners upload (split by rows or by columns), the recipient uploads masks,
-    the job runs on every party; returns the job's wall time."""
+    the job runs on every party (at ``peers``, default each party's first MPC port);
+    returns the job's wall time."""
     n = security.parties
     servers = [await start_party_server(s) for s in dep.settings]
     channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
@@ -142,7 +144,8 @@ async def run_scenario(
         desc = describe_job(
             f"job-{uuid.uuid4().hex[:8]}", [[ups[0]], [ups[1]]], mask=ups[2], k=k,
             security=security.value, engine=engine, combination=combination,
-            recipient_public_key=bytes(recipient_box.public_key), peers=dep.peer_addresses(),
+            recipient_public_key=bytes(recipient_box.public_key),
+            peers=dep.peer_addresses() if peers is None else peers,
         )
         assert desc.m == table.m and desc.p == table.p and desc.outputs == shape.outputs
         t0 = time.monotonic()

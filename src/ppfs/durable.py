@@ -3,11 +3,17 @@
 ``write_durable`` is how every state file is written: a reader sees the old file or
 the whole new one, never a torn write, and the new one survives a crash once the
 call returns. ``write_atomic`` is the same without the sync, for a run's scratch files.
+
+``free_ports`` asks the kernel for free ports (from the ephemeral range);
+``free_port_ranges`` picks runs of consecutive ports below that range, for listeners
+that are bound later or again and again (MPC ports): an outgoing connection takes its
+local port from the ephemeral range, so it can never take one of those meanwhile.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import uuid
 from collections.abc import Iterable
@@ -71,3 +77,45 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+EPHEMERAL_FLOOR = 32768  # Linux's default first ephemeral port
+LOW_PORTS = 10000  # ranges are picked from here up to the ephemeral range
+
+
+def ephemeral_port_floor() -> int:
+    """The first port of the ephemeral range (where connect(2) takes local ports)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_FLOOR
+
+
+def free_port_ranges(ranges: int, count: int, host: str = "") -> list[int]:
+    """First ports of ``ranges`` disjoint runs of ``count`` consecutive ports, every port
+    free right now on ``host`` (default: every address, the strictest check), all below
+    the ephemeral range, in random places (parallel callers rarely meet)."""
+    top = ephemeral_port_floor()
+    low = LOW_PORTS if top - LOW_PORTS >= 8 * ranges * count else 1024
+    if top - low < 2 * ranges * count:
+        raise OSError(f"too few ports below the ephemeral range ({top}) for {ranges} "
+                      f"ranges of {count}")
+    bases: list[int] = []
+    taken: set[int] = set()
+    for _ in range(1000):
+        if len(bases) == ranges:
+            return bases
+        base = low + secrets.randbelow(top - low - count + 1)
+        span = set(range(base, base + count))
+        if span & taken:
+            continue
+        try:
+            for port in span:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind((host, port))
+        except OSError:
+            continue
+        bases.append(base)
+        taken |= span
+    raise OSError(f"no {ranges} free ranges of {count} ports below {top}")

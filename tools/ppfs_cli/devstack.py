@@ -18,6 +18,11 @@ again on the same ports, after 1, 2, 4, 8 then 16 s; a party that dies five time
 row without staying up a minute is left stopped, and SIGHUP to ``ppfs up`` starts it
 again. The gateway fails the job that was running, naming the party that died. Each
 party gets MPC_PORTS consecutive MPC ports; each running job holds one of every party.
+The MPC ports lie below the ephemeral port range (ppfs.durable.free_port_ranges): an
+outgoing connection (an engine's, a relay's) can never take a port a party is about to
+bind. A caller (a benchmark) may choose each party's first MPC port and give each party
+extra ``ppfs party serve`` arguments (:class:`Stack`'s ``mpc_port_bases`` and
+``party_args``), e.g. ``--mpc-dial`` to put relays between the parties.
 """
 
 from __future__ import annotations
@@ -33,14 +38,14 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from ppfs.durable import free_ports
+from ppfs.durable import free_port_ranges, free_ports
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import ParameterError, PpfsError
 
@@ -61,27 +66,6 @@ DEFAULT_CONCURRENT = 2  # jobs side by side (each holds one MPC port of every pa
 RESTART_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0)
 STABLE_SECONDS = 60.0  # a party up this long has its restart count reset
 
-
-def free_port_ranges(parties: int, count: int, host: str = "127.0.0.1") -> list[int]:
-    """First ports of ``parties`` disjoint ranges of ``count`` ports free right now."""
-    bases: list[int] = []
-    taken: set[int] = set()
-    for _ in range(200):
-        if len(bases) == parties:
-            return bases
-        base = free_ports(1, host)[0]
-        span = set(range(base, base + count))
-        if base + count > 65535 or span & taken:
-            continue
-        try:
-            for port in span:
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                    sock.bind((host, port))
-        except OSError:
-            continue
-        bases.append(base)
-        taken |= span
-    raise PpfsError(f"no {parties} free ranges of {count} ports on {host}")
 
 def _write_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -179,9 +163,31 @@ class PartyProcess:
 
 
 class Stack:
-    """The running processes of a local stack."""
+    """The running processes of a local stack.
 
-    def __init__(self, layout: StackLayout) -> None:
+    ``mpc_port_bases``: each party's first MPC port (its MPC_PORTS ports follow; default:
+    free ranges below the ephemeral range). ``party_args``: party index -> extra
+    arguments for its ``ppfs party serve`` (kept for restarts)."""
+
+    def __init__(
+        self,
+        layout: StackLayout,
+        *,
+        mpc_port_bases: Sequence[int] | None = None,
+        party_args: Mapping[int, Sequence[str]] | None = None,
+    ) -> None:
+        if mpc_port_bases is not None and (
+            len(mpc_port_bases) != layout.parties
+            or any(not 0 < b <= 65536 - MPC_PORTS for b in mpc_port_bases)
+        ):
+            raise ParameterError(f"mpc_port_bases: one first port per party ({layout.parties}), "
+                                 f"each 1..{65536 - MPC_PORTS}")
+        unknown = sorted(set(party_args or {}) - set(range(layout.parties)))
+        if unknown:
+            raise ParameterError(f"party_args: no party {unknown[0]} in a stack of "
+                                 f"{layout.parties}")
+        self.mpc_port_bases = list(mpc_port_bases) if mpc_port_bases is not None else None
+        self.party_args = {i: list(a) for i, a in (party_args or {}).items()}
         self.layout = layout
         self.procs: list[tuple[str, asyncio.subprocess.Process]] = []
         self.parties: list[PartyProcess] = []
@@ -225,7 +231,10 @@ class Stack:
         concurrent = str(max(1, min(max_concurrent_jobs, MPC_PORTS)))
         run = lay.root / "run"
         run.mkdir(exist_ok=True)
-        mpc_ports = free_port_ranges(lay.parties, MPC_PORTS)
+        try:
+            mpc_ports = self.mpc_port_bases or free_port_ranges(lay.parties, MPC_PORTS)
+        except OSError as exc:
+            raise PpfsError(str(exc)) from None
         # metrics listeners (plain HTTP on loopback): one per party, one for the gateway,
         # none inside an MPC port range
         taken = {base + j for base in mpc_ports for j in range(MPC_PORTS)}
@@ -244,6 +253,7 @@ class Stack:
                 "--mpc-port-count", str(MPC_PORTS), "--mpc-bind-host", "127.0.0.1",
                 "--metrics-listen", f"127.0.0.1:{metrics_ports[i]}",
                 "--max-concurrent-jobs", concurrent,
+                *self.party_args.get(i, ()),
             ]  # fmt: skip
             self.metrics[name] = f"http://127.0.0.1:{metrics_ports[i]}/metrics"
             proc = await self._spawn(name, argv)

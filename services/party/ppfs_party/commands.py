@@ -7,6 +7,7 @@
     ppfs pki fingerprint --ca-dir CA                 # the clients' trust anchor
     ppfs party add-owner --state-dir S --owner-id ID --public-key HEX
     ppfs party serve --state-dir S --index I --listen HOST:PORT --mpc-port P ...
+        [--mpc-dial PARTY=HOST:+N ...]              # reach a peer through a relay
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import PpfsError
 from ppfs.logfmt import configure_logging
 from ppfs.pki import CertificateAuthority, issue_client_identity, load_ca, save_ca
-from ppfs_party.config import DEFAULT_MAX_UPLOAD, PartySettings
+from ppfs_party.config import DEFAULT_MAX_UPLOAD, MpcDial, PartySettings
 from ppfs_party.keys import sign_party_requests
 from ppfs_party.state import open_state
 from ppfs_party.store import register_owner
@@ -46,6 +47,12 @@ def add_commands(subparsers: Any) -> None:
                        help="engine ports --mpc-port .. +count-1; jobs rotate over them")
     serve.add_argument("--mpc-bind-host", default=None,
                        help="engine listens on this address only (default: every interface)")
+    serve.add_argument("--mpc-dial", action="append", default=[],
+                       metavar="PARTY=HOST:PORT|PARTY=HOST:+N",
+                       help="dial that peer's engine here instead of the address the job "
+                            "lists (a relay, a NAT); HOST:+N / HOST:-N: the peer's job port "
+                            "shifted by N, HOST:PORT only with --mpc-port-count 1; PARTY an "
+                            "index or a name (repeatable, one per peer)")
     serve.add_argument("--engine", action="append", choices=["mp-spdz", "mpyc"], default=None,
                        help="offer this engine (repeatable; default: every usable one)")
     serve.add_argument("--max-upload-bytes", type=int, default=DEFAULT_MAX_UPLOAD)
@@ -118,6 +125,7 @@ def _settings(args: argparse.Namespace) -> PartySettings:
             mpc_bind_host=args.mpc_bind_host, max_upload_bytes=args.max_upload_bytes,
             job_timeout=args.job_timeout, port_file=args.port_file,
             mpspdz_cache=args.mpspdz_cache, metrics_listen=args.metrics_listen,
+            mpc_dial=tuple(MpcDial.parse(d) for d in args.mpc_dial),
         )
         if args.engine:
             kwargs["engines"] = tuple(args.engine)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +10,72 @@ from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import ParameterError
 
 DEFAULT_MAX_UPLOAD = 1 << 30  # bytes of one sealed part
+
+
+@dataclass(frozen=True)
+class MpcDial:
+    """Where this party dials one peer's MPC engine instead of the address the job
+    lists for it (``--mpc-dial PARTY=HOST:PORT`` or ``PARTY=HOST:+N`` / ``-N``).
+
+    With ``shift`` the port follows the job: the peer's port for this job plus
+    ``shift`` (a relay in front of a peer on the same machine cannot listen on the
+    peer's own port number, since the engines listen on every address). A fixed
+    ``port`` suits only a party with one MPC port (every job on the same ports)."""
+
+    party: int
+    host: str
+    port: int | None = None
+    shift: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> MpcDial:
+        """``PARTY=HOST:PORT`` or ``PARTY=HOST:+N`` / ``PARTY=HOST:-N``; PARTY is an
+        index (0..3) or a name (Alice, Bob, Carol, Dave)."""
+        usage = (f"--mpc-dial {text!r}: expected PARTY=HOST:PORT or PARTY=HOST:+N / -N "
+                 "(PARTY an index 0..3 or a name Alice, Bob, Carol, Dave)")
+        who, eq, where = text.partition("=")
+        host, colon, port = where.strip().rpartition(":")
+        who, host, port = who.strip(), host.strip().strip("[]"), port.strip()
+        if not eq or not colon or not who or not host or not port:
+            raise ParameterError(usage)
+        names = [n.lower() for n in PARTY_NAMES]
+        if who.isdigit() and int(who) < len(PARTY_NAMES):
+            party = int(who)
+        elif who.lower() in names:
+            party = names.index(who.lower())
+        else:
+            raise ParameterError(f"--mpc-dial {text!r}: unknown party {who!r} (an index "
+                                 f"0..{len(PARTY_NAMES) - 1} or one of "
+                                 f"{', '.join(PARTY_NAMES)})")
+        if port[0] in "+-":
+            if not port[1:].isdigit() or len(port) > 7:
+                raise ParameterError(f"--mpc-dial {text!r}: the shift must be +N or -N, "
+                                     "N a number of ports")
+            shift = int(port)
+            if not -65535 < shift < 65535:
+                raise ParameterError(f"--mpc-dial {text!r}: a shift of {shift} leaves the "
+                                     "ports 1..65535")
+            return cls(party, host, shift=shift)
+        if not port.isdigit() or len(port) > 5 or not 0 < int(port) < 65536:
+            raise ParameterError(f"--mpc-dial {text!r}: the port must be 1..65535 "
+                                 "(or +N / -N: the peer's job port shifted by N)")
+        return cls(party, host, port=int(port))
+
+    def address(self, peer: tuple[str, int]) -> tuple[str, int]:
+        """Where to dial the peer that listens at ``peer`` for this job."""
+        if self.port is not None:
+            return self.host, self.port
+        port = peer[1] + (self.shift or 0)
+        if not 0 < port < 65536:
+            raise ParameterError(
+                f"--mpc-dial for {PARTY_NAMES[self.party]}: its job port {peer[1]} shifted by "
+                f"{self.shift:+d} is {port}, outside 1..65535"
+            )
+        return self.host, port
+
+    def __str__(self) -> str:
+        port = str(self.port) if self.port is not None else f"{self.shift:+d}"
+        return f"{PARTY_NAMES[self.party]}={self.host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -32,6 +99,8 @@ class PartySettings:
     port_file: Path | None = None  # write the bound control-plane port here (port 0)
     metrics_listen: str | None = None  # Prometheus /metrics, plain HTTP, internal; None: off
     max_concurrent_jobs: int = 1  # engine runs at once; later jobs wait queued for a slot
+    # where this party dials some peers' engines instead of the job's addresses (relays)
+    mpc_dial: tuple[MpcDial, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < len(PARTY_NAMES):
@@ -42,6 +111,21 @@ class PartySettings:
             raise ParameterError("max_concurrent_jobs must be 1..64")
         if self.max_upload_bytes < 1:
             raise ParameterError("max_upload_bytes must be positive")
+        seen: set[int] = set()
+        for d in self.mpc_dial:
+            if d.party == self.index:
+                raise ParameterError(
+                    f"--mpc-dial {d}: names this party itself; it dials only its peers"
+                )
+            if d.party in seen:
+                raise ParameterError(f"--mpc-dial names {PARTY_NAMES[d.party]} twice")
+            seen.add(d.party)
+            if d.port is not None and self.mpc_port_count != 1:
+                raise ParameterError(
+                    f"--mpc-dial {d}: a fixed port needs --mpc-port-count 1 (jobs rotate over "
+                    f"{self.mpc_port_count} ports): give HOST:+N, the peer's job port "
+                    "shifted by N"
+                )
 
     @property
     def name(self) -> str:
@@ -50,3 +134,13 @@ class PartySettings:
     @property
     def control_name(self) -> str:
         return self.tls_name or self.name.lower()
+
+    def dial_for(self, peers: Sequence[tuple[str, int]]) -> tuple[tuple[str, int], ...] | None:
+        """Where this party dials each party of a job whose parties listen at ``peers``
+        (its own entry unchanged); None when no ``mpc_dial`` entry concerns the job.
+        Raises ParameterError when a shifted port leaves 1..65535."""
+        chosen = {d.party: d for d in self.mpc_dial if d.party < len(peers)}
+        if not chosen:
+            return None
+        return tuple(chosen[j].address(addr) if j in chosen else addr
+                     for j, addr in enumerate(peers))

@@ -28,6 +28,10 @@ working directory ``<state>/jobs/<job_id>/`` with its inputs (this party's share
 components, assembled locally) and the engine's directory; the opened masked words
 are kept in ``opened.u64`` until fetched.
 
+Peers are dialled at the addresses the job lists for them, unless the daemon was
+told otherwise (``--mpc-dial``, :class:`ppfs_party.config.MpcDial`: a relay or a NAT
+in between); the audit record of an accepted job then names those overrides.
+
 Sessions: each job runs on the MPC port the gateway assigned it from this party's
 range, and the engine parties compare a tag derived from the job id and description
 hash before any data is input (ppfs.contract.session_tag): a run completes only
@@ -254,6 +258,8 @@ class JobRunner:
             consents=[(c.consent.owner_id, c.consent.dataset_id, c.consent.reveal.value)
                       for c in job.consents],
             peers=list(job.peer_mpc_addresses),
+            **({"dial": [str(d) for d in self.settings.mpc_dial]}
+               if self.settings.mpc_dial else {}),
         )
         log.info("[Party.StartJob] job=%s queued", job.job_id)
         return rec
@@ -285,6 +291,7 @@ class JobRunner:
         if len(job.peer_mpc_addresses) != security.parties:
             raise ParameterError(f"{security.value} needs one MPC address per party")
         peers = tuple(parse_address(a) for a in job.peer_mpc_addresses)
+        self.settings.dial_for(peers)  # a shifted port out of range refuses the job here
         port = peers[index][1]
         base, count = self.settings.mpc_port_base, self.settings.mpc_port_count
         if not base <= port < base + count:
@@ -343,10 +350,11 @@ class JobRunner:
             digest = await self._compile(engine, inputs.shape, job.security)
             await self._update(rec, program_sha256=digest, phase="waiting for the engine",
                                progress=0.03)
+            peers = tuple(parse_address(a) for a in job.peer_mpc_addresses)
             spec = PartyRunSpec(
                 security=job.security, shape=inputs.shape, party=index,
                 input_dir=job_dir / "inputs", workdir=job_dir / "engine",
-                peers=tuple(parse_address(a) for a in job.peer_mpc_addresses),
+                peers=peers, dial=self.settings.dial_for(peers),
                 tls=PartyTls(self.keys.mpc_key(job.engine), self.keys.mpc_cert(job.engine),
                              self.keys.ca_path),
                 program_hash=digest, timeout=self.settings.job_timeout,

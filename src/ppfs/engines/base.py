@@ -22,12 +22,17 @@ from typing import Protocol
 
 import numpy as np
 
+from ppfs.errors import ParameterError
 from ppfs.step2a import Security, Step2AShape
 
 PARTY_NAMES = ("Alice", "Bob", "Carol", "Dave")
 INPUT_FILES = ("data.shr", "labels.shr", "mask.shr")
 
 Progress = Callable[[str], None]
+Address = tuple[str, int]
+# (party, every party's MPC address) -> the addresses that party dials (own one unchanged);
+# an engine's ``peer_view`` option, for embedded runs (e.g. through delaying relays)
+PeerView = Callable[[int, tuple[Address, ...]], tuple[Address, ...]]
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,17 @@ class PartyRunSpec:
     @property
     def name(self) -> str:
         return PARTY_NAMES[self.party]
+
+    def dial_addresses(self) -> tuple[tuple[str, int], ...]:
+        """The addresses this party dials: ``dial`` when given, else ``peers``. The party
+        listens at its own entry, so ``dial`` must keep that one as it is in ``peers``."""
+        if self.dial is None:
+            return self.peers
+        if len(self.dial) != len(self.peers) or self.dial[self.party] != self.peers[self.party]:
+            raise ParameterError(
+                "the dial addresses must list every party and this party's own address"
+            )
+        return self.dial
 
 
 @dataclass

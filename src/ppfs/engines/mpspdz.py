@@ -53,7 +53,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -71,6 +71,7 @@ from ppfs.engines.base import (
     PartyRunSpec,
     PartyStats,
     PartyTls,
+    PeerView,
     Progress,
     Step2AInputs,
 )
@@ -139,9 +140,6 @@ _SENT_RE = re.compile(rb"^Data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
 _ROUNDS_RE = re.compile(rb"^Data sent = [0-9.eE+-]+ MB in ~([0-9]+) rounds", re.MULTILINE)
 _GLOBAL_RE = re.compile(rb"^Global data sent = ([0-9.eE+-]+) MB", re.MULTILINE)
 
-Address = tuple[str, int]
-# (party, every party's MPC address) -> the addresses that party dials (own one unchanged)
-PeerView = Callable[[int, tuple[Address, ...]], tuple[Address, ...]]
 
 
 def default_cache_dir() -> Path:
@@ -580,14 +578,7 @@ class MpSpdzEngine:
             raise ParameterError(
                 f"{spec.security.value} needs one MPC address per party and a valid index"
             )
-        hosts = spec.peers
-        if spec.dial is not None:
-            # the party binds the port of its own line: that one must stay its own
-            if len(spec.dial) != len(spec.peers) or spec.dial[i] != spec.peers[i]:
-                raise ParameterError(
-                    "the dial addresses must list every party and this party's own address"
-                )
-            hosts = spec.dial
+        hosts = spec.dial_addresses()  # the party binds the port of its own line
         if d.exists():
             shutil.rmtree(d)
         pdata = d / "Player-Data"

@@ -48,6 +48,7 @@ from ppfs.engines.base import (
     PartyRunSpec,
     PartyStats,
     PartyTls,
+    PeerView,
     Progress,
     Step2AInputs,
 )
@@ -158,12 +159,15 @@ class MpycEngine:
         chunk: int = DEFAULT_CHUNK,
         bind_host: str = "127.0.0.1",
         log_cap: int = LOG_CAP,
+        peer_view: PeerView | None = None,
     ) -> None:
         self.timeout = timeout
         self.start_timeout = start_timeout
         self.chunk = chunk
         self.bind_host = bind_host
         self.log_cap = log_cap
+        # embedded runs only: where each party dials its peers (None: where they listen)
+        self.peer_view = peer_view
 
     # -- Engine protocol ------------------------------------------------------
 
@@ -296,6 +300,7 @@ class MpycEngine:
                 tls=PartyTls(cfg / f"party_{i}.key", cfg / f"party_{i}.crt",
                              cfg / "mpyc_ca.crt"),
                 bind_host=self.bind_host,
+                dial=self.peer_view(i, peers) if self.peer_view is not None else None,
             ))
         return specs
 
@@ -307,6 +312,7 @@ class MpycEngine:
             raise ParameterError(
                 f"{spec.security.value} needs one MPC address per party and a valid index"
             )
+        addresses = spec.dial_addresses()
         cfg = d / ".config"
         cfg.mkdir(parents=True, exist_ok=True)
         for stale in ("status.txt", "result.json", "opened.u64", "worker.pid"):
@@ -322,7 +328,8 @@ class MpycEngine:
             "party": i,
             "security": spec.security.value,
             "shape": shape.to_dict(),  # incl. Step 2B's parameters and the D' flag
-            "addresses": [[host, port] for host, port in spec.peers],
+            # MPyC listens on its own entry's port and dials each peer at its entry
+            "addresses": [[host, port] for host, port in addresses],
             "bind_host": spec.bind_host,
             "input_dir": str(Path(spec.input_dir).resolve()),
             "status_path": str((d / "status.txt").resolve()),

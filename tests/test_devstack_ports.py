@@ -1,0 +1,87 @@
+"""The dev stack's MPC ports: below the ephemeral range (an outgoing connection can never
+take one a party is about to bind), or as the caller chose, with each party's extra
+``ppfs party serve`` arguments (a benchmark's relays)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ppfs_cli.devstack import MPC_PORTS, Stack, StackLayout
+
+from ppfs.durable import ephemeral_port_floor, free_port_ranges
+from ppfs.errors import ParameterError
+
+
+def test_port_ranges_lie_below_the_ephemeral_range_and_are_free() -> None:
+    floor = ephemeral_port_floor()
+    bases = free_port_ranges(4, 16)
+    ports = [b + j for b in bases for j in range(16)]
+    assert len(set(ports)) == len(ports)  # disjoint
+    assert all(1024 <= p < floor for p in ports)
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+
+
+class _Started(Exception):
+    """Stops Stack.start at the gateway: the parties' command lines are what counts."""
+
+
+def _party_argvs(stack: Stack) -> list[list[str]]:
+    argvs: list[list[str]] = []
+
+    async def spawn(name: str, argv: list[str]) -> Any:
+        if name == "gateway":
+            raise _Started
+        argvs.append(argv)
+        return object()
+
+    async def port(name: str, proc: Any, path: Path) -> int:
+        return 40000 + len(argvs)
+
+    stack._spawn = spawn  # type: ignore[method-assign]
+    stack._port = port  # type: ignore[method-assign]
+    with pytest.raises(_Started):
+        asyncio.run(stack.start(0, 2))
+    return argvs
+
+
+def _value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_default_mpc_ports_lie_below_the_ephemeral_range(tmp_path: Path) -> None:
+    layout = StackLayout(tmp_path, 3, party_dirs=[tmp_path / f"p{i}" for i in range(3)])
+    (tmp_path / "gateway").mkdir()
+    argvs = _party_argvs(Stack(layout))
+    bases = [int(_value(a, "--mpc-port")) for a in argvs]
+    assert all(b + MPC_PORTS <= ephemeral_port_floor() for b in bases)
+    assert all(_value(a, "--mpc-port-count") == str(MPC_PORTS) for a in argvs)
+    assert not any("--mpc-dial" in a for a in argvs)
+
+
+def test_caller_chooses_mpc_ports_and_extra_party_arguments(tmp_path: Path) -> None:
+    layout = StackLayout(tmp_path, 3, party_dirs=[tmp_path / f"p{i}" for i in range(3)])
+    (tmp_path / "gateway").mkdir()
+    extra = {0: ["--mpc-dial", "1=127.0.0.1:+4"], 2: ["--mpc-dial", "Alice=127.0.0.1:+12"]}
+    stack = Stack(layout, mpc_port_bases=[20000, 20016, 20032], party_args=extra)
+    argvs = _party_argvs(stack)
+    assert [_value(a, "--mpc-port") for a in argvs] == ["20000", "20016", "20032"]
+    assert argvs[0][-2:] == extra[0] and argvs[2][-2:] == extra[2]
+    assert "--mpc-dial" not in argvs[1]
+    # kept for a restart: the party process's argv is the one it was started with
+    assert [p.argv for p in stack.parties] == argvs
+
+
+def test_stack_refuses_bad_ports_and_unknown_parties(tmp_path: Path) -> None:
+    layout = StackLayout(tmp_path, 3)
+    with pytest.raises(ParameterError, match="one first port per party"):
+        Stack(layout, mpc_port_bases=[20000, 20016])
+    with pytest.raises(ParameterError, match="one first port per party"):
+        Stack(layout, mpc_port_bases=[20000, 20016, 65534])
+    with pytest.raises(ParameterError, match="no party 3"):
+        Stack(layout, party_args={3: ["--mpc-dial", "0=127.0.0.1:+4"]})
