@@ -785,6 +785,58 @@ class RelayProcess:
         self.close()
 
 
+class ProcessMesh:
+    """:class:`RelayMesh`'s interface (``view``, ``totals``, ``close``) over one
+    :class:`RelayProcess`: the relays for every ordered pair are started together on
+    the first ``view`` call, which gives every party's real address. Ports for the
+    relays are picked below the ephemeral range, so that no connection the relays or
+    the parties open can take one first."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.proc: RelayProcess | None = None
+        self.peers: tuple[tuple[str, int], ...] = ()
+        self.ports: dict[tuple[int, int], int] = {}
+
+    def _start(self, peers: Sequence[tuple[str, int]]) -> None:
+        from ppfs.durable import free_port_ranges
+
+        n = len(peers)
+        pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
+        bases = free_port_ranges(len(pairs), 1, host="127.0.0.1")
+        self.ports = dict(zip(pairs, bases, strict=True))
+        self.proc = RelayProcess(
+            [(self.ports[(i, j)], (peers[j][0], int(peers[j][1]))) for i, j in pairs], self.delay
+        )
+        self.peers = tuple((h, int(p)) for h, p in peers)
+
+    def view(
+        self, party: int, peers: Sequence[tuple[str, int]]
+    ) -> tuple[tuple[str, int], ...]:
+        if self.proc is None:
+            self._start(peers)
+        elif tuple((h, int(p)) for h, p in peers) != self.peers:
+            raise ValueError("a process mesh serves one run: the peers' addresses changed")
+        return tuple(
+            addr if j == party else ("127.0.0.1", self.ports[(party, j)])
+            for j, addr in enumerate(peers)
+        )
+
+    def totals(self) -> DirectionStats:
+        return self.proc.totals() if self.proc is not None else DirectionStats()
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.close()
+            self.proc = None
+
+    def __enter__(self) -> ProcessMesh:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def report_totals(report: dict[str, Any]) -> DirectionStats:
     """Both directions of every relay in a :meth:`EpollRelays.report`, added up."""
     total = DirectionStats()

@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import PAPER, machine_description
-from delayrelay import RelayMesh
+from delayrelay import ProcessMesh, RelayMesh
 from step2b import PARAMS, oracle_gap
 
 from ppfs.engines.mpspdz import MpSpdzEngine
@@ -79,9 +79,17 @@ def _correct(sel: Selection, table: LabelledTable, k: int, train: TrainParams | 
     return gap <= tol
 
 
+# which relay carries the traffic: "process" (one epoll relay process for every pair,
+# at real-time priority where permitted) or "thread" (asyncio relays in a thread here)
+RELAY_KIND = ["process"]
+
+
 def run_once(table: LabelledTable, k: int, sec: Security, rtt_ms: float | None,
              train: TrainParams | None) -> Measured:
-    mesh = RelayMesh(rtt_ms / 2000) if rtt_ms is not None else None
+    mesh: RelayMesh | ProcessMesh | None = None
+    if rtt_ms is not None:
+        mesh = ProcessMesh(rtt_ms / 2000) if RELAY_KIND[0] == "process" else RelayMesh(
+            rtt_ms / 2000)
     tmp = tempfile.mkdtemp(prefix="ppfs-bench-")
     try:
         engine = MpSpdzEngine(mpspdz_home(), peer_view=mesh.view if mesh else None)
@@ -110,7 +118,10 @@ def main() -> int:
     ap.add_argument("--rtt", default="0,1,20", help="round-trip times in ms")
     ap.add_argument("--programs", default="2A", help="2A and/or 2A+2B (Step 2B on top)")
     ap.add_argument("--write", type=Path, default=None)
+    ap.add_argument("--relay", choices=["process", "thread"], default="process",
+                    help="relays in a process of their own (default) or in a thread here")
     args = ap.parse_args()
+    RELAY_KIND[0] = args.relay
     settings = [Security(s) for s in args.settings.split(",")]
     wanted = set(args.datasets.split(","))
     rtts = [float(v) for v in args.rtt.split(",")]
@@ -164,12 +175,12 @@ def main() -> int:
                     print(row, flush=True)
                     rows.append(row)
                 if args.write:
-                    write_report(args.write, header, sep, rows, load)
+                    write_report(args.write, header, sep, rows, load, args.relay)
     return 0
 
 
 def write_report(path: Path, header: str, sep: str, rows: list[str],
-                 load: tuple[float, float, float]) -> None:
+                 load: tuple[float, float, float], relay: str = "process") -> None:
     text = [
         "# Latency benchmark: what a real network costs",
         "",
@@ -181,7 +192,10 @@ def write_report(path: Path, header: str, sep: str, rows: list[str],
         "Synthetic data of each paper data set's shape. 'loopback': the parties talk "
         "directly. 'relay': every party dials each peer through a userspace TCP relay "
         "(bench/delayrelay.py) that holds each chunk RTT/2 in each direction; 0 ms shows "
-        "what the relay itself adds. Measured one-way hold: the relays' mean time between "
+        "what the relay itself adds. "
+        + ("The relays run as one epoll process of their own (RelayProcess). "
+           if relay == "process" else "The relays run in a thread of the benchmark. ")
+        + "Measured one-way hold: the relays' mean time between "
         "reading a chunk and forwarding it (the real one-way delay, above the nominal "
         "RTT/2 by asyncio's millisecond timer granularity and the load). MPC time: launch "
         "of the parties to the exit of the last one, compile excluded. Sent: all parties. "
