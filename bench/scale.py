@@ -135,16 +135,18 @@ class Model:
 
 
 # Calibrated on this machine (2 cores, 24 GiB, shared with other work) by least squares
-# over two runs of the 13 points of m*p <= 2*10^6 in bench/results/scale.md, rounded up;
-# replaced by a fit to the run's own points once six are measured. Wall: MPC + compile
-# (2 s + 3 us * p^2 + 0.3 us * m*k; single compiles of 10^6 x 100 and 5*10^4 x 2,000
-# took 4.8 and 14.9 s) + the owner's side, the table and the mirror (0.75 s + 1.7 us *
-# m*p + 0.5 us * m*k). Party: the compiler's static memory is 32 bytes per entry (the
-# data and the mean split); the rest is MP-SPDZ's working memory.
+# over runs of the points in bench/results/scale.md, rounded up; replaced by a fit to the
+# run's own points once six are measured. Wall: MPC + compile (2 s + 3 us * p^2 +
+# 0.3 us * m*k; single compiles of 10^6 x 100 and 5*10^4 x 2,000 took 4.8 and 14.9 s) +
+# the owner's side, the table and the mirror (0.75 s + 1.7 us * m*p + 0.5 us * m*k).
+# Party: the full grid up to m*p = 10^8 gave 66 MiB + 16.1 B * m*p + 146 B * p^2 +
+# 50 B * m*k: the compiler's static memory is 16 bytes per entry (the data; the mean
+# split's comparisons are folded into the counts a chunk of rows at a time), D' and its
+# masks 48 bytes per entry of D'; the rest is MP-SPDZ's working memory.
 CALIBRATED = {
     "wall": Model((3.0, 4.3e-6, 4.0e-6, 2.4e-6)),
     "mpc": Model((0.3, 2.6e-6, 1.0e-6, 1.6e-6)),
-    "party_rss": Model((55 * MiB, 44.0, 150.0, 110.0)),
+    "party_rss": Model((70 * MiB, 20.0, 150.0, 60.0)),
     "client_rss": Model((60 * MiB, 58.0, 0.0, 75.0)),
 }
 # What the owner's side keeps while the parties run: the table, its encoding, the masks.
