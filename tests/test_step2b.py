@@ -127,6 +127,32 @@ def test_standardisation_values_fit_their_bit_lengths(m: int) -> None:
     assert step2b.z_bits((1 << 20) - 1, 20) <= 63
 
 
+@pytest.mark.parametrize("k, f", [(33, 5), (33, 9), (56, 31), (62, 2)])
+def test_active_3pc_standardisation_mask_decodes(k: int, f: int) -> None:
+    """The arithmetic of the MP-SPDZ program's trunc_many (active 3PC), in the clear:
+    with R the sum of three components below 2^(n+1) (n = k + 1 - f), the opened
+    t = (b + lo + 2^f R) mod 2^(k+2) and the 2-bit o + msb (1 - t's top bit) decode to
+    floor(v / 2^f) - 1 to + 2."""
+    rng = np.random.default_rng(k + f)
+    kb = k + 1                                  # b's length, as in the program
+    n = kb - f
+    lim = 1 << (k - 1)
+    v = [*rng.integers(-lim, lim, 20000).tolist(), -lim, lim - 1, 0, -1, 1]
+    offsets = set()
+    for x in v:
+        lo = sum(int(r) for r in rng.integers(0, 1 << f, 3))
+        big_r = sum(int(r) for r in rng.integers(0, 1 << (n + 1), 3))
+        b = x + (1 << (kb - 1))
+        t = (b + lo + big_r * (1 << f)) % (1 << (kb + 1))
+        low = (t >> f) % (1 << n)
+        top = t >> kb
+        o, msb = big_r >> (n + 1), (big_r >> n) & 1
+        y = o + msb * (1 - top)
+        res = low - big_r + top * (1 << n) + y * (1 << (n + 1)) - (1 << (n - 1)) - 1
+        offsets.add(res - (x >> f))
+    assert offsets == {-1, 0, 1, 2}
+
+
 def test_decoded_model_reproduces_the_standardised_scores() -> None:
     table = make_table(120, 5, n_classes=3, seed=6)
     fp = FixedPoint()
