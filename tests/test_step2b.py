@@ -127,6 +127,82 @@ def test_standardisation_values_fit_their_bit_lengths(m: int) -> None:
     assert step2b.z_bits((1 << 20) - 1, 20) <= 63
 
 
+def _floor_div(a: np.ndarray, f: int) -> np.ndarray:
+    return np.asarray(a, dtype=object) >> f
+
+
+@pytest.mark.parametrize("f", [12, 16, 20])
+def test_active_3pc_sigmoid_of_the_product(f: int) -> None:
+    """MP-SPDZ's active 3PC takes the sigmoid of u = trunc(q, F) from q = Z_b W + 2^F w0
+    itself: the pieces exactly as the mirror's, the value the mirror's or one unit
+    above it (the linear parts as trunc(q * slope, 2F))."""
+    c = step2b.constants(100, 3, 2, 32, TrainParams(frac_bits=f))
+    rng = np.random.default_rng(f)
+    one = 1 << f
+    edges = [(cut + d) << f for cut in c.cuts for d in (0, 1)]
+    q = np.array([*rng.integers(-7 << (2 * f), 7 << (2 * f), 20000).tolist(),
+                  *[e + d for e in edges for d in (-1, 0, 1)],
+                  *rng.integers(-(1 << 62), 1 << 62, 1000).tolist()], dtype=object)
+    u = _floor_div(q, f)
+    mirror = step2b.sigmoid_fx(u, c)
+    le = [np.array([int(v < (cut + 1) * one) for v in q], dtype=object) for cut in c.cuts]
+    assert all(np.array_equal(le_c, (u <= cut).astype(object))
+               for le_c, cut in zip(le, c.cuts, strict=True))
+    lin1, lin2 = (_floor_div(q * s, 2 * f) for s in c.slopes)
+    sel = [le[0], le[1] - le[0], le[2] - le[1], le[3] - le[2], 1 - le[3]]
+    pieces = [c.tail, lin1 + c.offsets[0], lin2 + c.offsets[1], lin1 + c.offsets[2],
+              one - c.tail]
+    mpc = sum(s * p for s, p in zip(sel, pieces, strict=True))
+    diff = mpc - mirror
+    assert set(diff.tolist()) <= {0, 1} and 1 in set(diff.tolist())
+
+
+@pytest.mark.parametrize("f", [12, 16, 20])
+def test_active_3pc_update_in_one_truncation(f: int) -> None:
+    """The weight update as trunc(G eta, F + 20) is the mirror's trunc(trunc(G, F) eta,
+    20) or one unit above when eta <= 2^20 (the only case the program uses it); the
+    intercepts', trunc(2^F gb eta, F + 20), is the mirror's exactly."""
+    rng = np.random.default_rng(f)
+    g = rng.integers(-(1 << 40), 1 << 40, 5000).astype(object)
+    for eta in (1, 8192, 11141, 1 << 19, (1 << 20) - 1, 1 << 20):
+        diff = _floor_div(g * eta, f + step2b.ETA_FRAC) \
+            - _floor_div(_floor_div(g, f) * eta, step2b.ETA_FRAC)
+        assert set(diff.tolist()) <= {0, 1}
+        gb = g >> 20
+        assert np.array_equal(_floor_div((gb * eta) << f, f + step2b.ETA_FRAC),
+                              _floor_div(gb * eta, step2b.ETA_FRAC))
+    eta = 3 << 20          # past 2^20 one truncation can be more than a unit off
+    diff = _floor_div(g * eta, f + step2b.ETA_FRAC) \
+        - _floor_div(_floor_div(g, f) * eta, step2b.ETA_FRAC)
+    assert max(diff.tolist()) > 1
+
+
+@pytest.mark.parametrize("k, f", [(33, 5), (33, 9), (56, 31), (62, 2)])
+def test_active_3pc_standardisation_mask_decodes(k: int, f: int) -> None:
+    """The arithmetic of the MP-SPDZ program's trunc_many (active 3PC), in the clear:
+    with R the sum of three components below 2^(n+1) (n = k + 1 - f), the opened
+    t = (b + lo + 2^f R) mod 2^(k+2) and the 2-bit o + msb (1 - t's top bit) decode to
+    floor(v / 2^f) - 1 to + 2."""
+    rng = np.random.default_rng(k + f)
+    kb = k + 1                                  # b's length, as in the program
+    n = kb - f
+    lim = 1 << (k - 1)
+    v = [*rng.integers(-lim, lim, 20000).tolist(), -lim, lim - 1, 0, -1, 1]
+    offsets = set()
+    for x in v:
+        lo = sum(int(r) for r in rng.integers(0, 1 << f, 3))
+        big_r = sum(int(r) for r in rng.integers(0, 1 << (n + 1), 3))
+        b = x + (1 << (kb - 1))
+        t = (b + lo + big_r * (1 << f)) % (1 << (kb + 1))
+        low = (t >> f) % (1 << n)
+        top = t >> kb
+        o, msb = big_r >> (n + 1), (big_r >> n) & 1
+        y = o + msb * (1 - top)
+        res = low - big_r + top * (1 << n) + y * (1 << (n + 1)) - (1 << (n - 1)) - 1
+        offsets.add(res - (x >> f))
+    assert offsets == {-1, 0, 1, 2}
+
+
 def test_decoded_model_reproduces_the_standardised_scores() -> None:
     table = make_table(120, 5, n_classes=3, seed=6)
     fp = FixedPoint()
@@ -488,11 +564,15 @@ def test_mpspdz_range_checks_match_the_mirror(case: str, security: Security,
 
 @needs_mpspdz
 @pytest.mark.mpspdz
-def test_mpspdz_separable_data_in_range_matches_oracle(tmp_path: Path) -> None:
-    """The weight-check data within the default range trains, matching the oracle."""
+@pytest.mark.parametrize("security", [Security.PASSIVE_3PC, Security.ACTIVE_3PC],
+                         ids=lambda s: s.value)
+def test_mpspdz_separable_data_in_range_matches_oracle(security: Security,
+                                                       tmp_path: Path) -> None:
+    """The weight-check data within the default range trains, matching the oracle (in
+    active 3PC with the update in two truncations: lr / b = 2, eta = 2^21 > 2^20)."""
     table = _separable_table()
     params = TrainParams(epochs=1, batch=2, lr=4.0)
-    sel = asyncio.run(run_select(table, 2, Security.PASSIVE_3PC,
+    sel = asyncio.run(run_select(table, 2, security,
                                  MpSpdzEngine(mpspdz_home(), timeout=300), tmp_path,
                                  train=params))
     _check_against_oracle(sel, table, 2, params)

@@ -8,7 +8,13 @@ down or up, at random), the mirror rounds down. (MP-SPDZ in active 3PC truncates
 exactly, rounding down as the mirror does, in the sequential steps on few values: per
 column and per SGD step, where its exact truncation takes fewer rounds; and the m*k
 truncations of the standardisation, steps 2 and 5, with a cheaper mask that leaves
-them -1 to +2 units off the floor, without bias.) The tests bound the effect (see
+them -1 to +2 units off the floor, without bias. Its SGD step also rounds two values
+in one truncation where the mirror has two, each the mirror's value or one unit above:
+the sigmoid's linear parts, trunc(q * slope, 2F) with q = Z_b W + 2^F w0 (its pieces
+are chosen on q, exactly: [trunc(q, F) <= cut] = [q < (cut + 1) 2^F]); and the
+weight update as trunc(Z_b^T e * eta_b, F + 20) when every batch has eta_b <= 2^20 and
+b * 2 (isqrt(m) + 1) 2^(2F) * eta_b < 2^62, a bound on |Z_b^T e * eta_b| (|z| below
+:func:`z_bits`' bound, |e| <= 2^F).) The tests bound the effect (see
 :func:`weight_tolerance`).
 
 Every value is an integer; "fixed point with F bits" means the integer round(v * 2^F).
@@ -587,7 +593,10 @@ def weight_tolerance(steps: int, params: TrainParams, k: int, z_max: float,
     """Bound on |w_MPC - w_mirror| (standardised units) from rounding alone.
 
     Each probabilistic truncation in MPC differs from the mirror's (rounding down) by
-    at most one unit 2^-F (two for the standardisation's in active 3PC with MP-SPDZ).
+    at most one unit 2^-F (two for the standardisation's in active 3PC with MP-SPDZ,
+    and one for each of the values that active 3PC rounds in one truncation where the
+    mirror has two: the sigmoid's linear part, as if truncated probabilistically, and
+    the weight update, within the update's two units below).
     The standardisation puts at most a few units into each z
     (kappa carries the Newton steps' and g's errors, relative 2^-(F-3); z's own
     truncation one unit). Per SGD step, for one weight:
