@@ -527,27 +527,26 @@ class EpollRelays:
             self._watch(link.target, mask)
 
     def _client_event(self, link: _Link, ev: int) -> None:
-        if ev & select.EPOLLOUT and link.down.blocked:
-            link.down.blocked = False
-            self._flush(link, link.down)
-        if link.closed:
-            return
-        if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR) and link.up.reading:
-            self._read(link, link.up)
-        self._update(link)
+        self._side_event(link, ev, writes=link.down, reads=link.up)
 
     def _target_event(self, link: _Link, ev: int) -> None:
         if not link.connected:
             if ev & (select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP):
                 self._connected(link)
             return
-        if ev & select.EPOLLOUT and link.up.blocked:
-            link.up.blocked = False
-            self._flush(link, link.up)
+        self._side_event(link, ev, writes=link.up, reads=link.down)
+
+    def _side_event(self, link: _Link, ev: int, *, writes: _Direction,
+                    reads: _Direction) -> None:
+        """One socket's event: flush what waits for it (``writes``: the direction it
+        receives), then read what it sent (``reads``: the direction it is the source of)."""
+        if ev & select.EPOLLOUT and writes.blocked:
+            writes.blocked = False
+            self._flush(link, writes)
         if link.closed:
             return
-        if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR) and link.down.reading:
-            self._read(link, link.down)
+        if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR) and reads.reading:
+            self._read(link, reads)
         self._update(link)
 
     def _read(self, link: _Link, d: _Direction) -> None:
