@@ -88,6 +88,7 @@ class Run:
     hold_max_ms: float = 0.0
     late_ms: float = 0.0  # the relay's wake-up lateness for due chunks, mean
     late_max_ms: float = 0.0
+    by_role: dict[str, float] = field(default_factory=dict)  # CPU seconds per role
 
 
 @dataclass
@@ -124,17 +125,33 @@ def cpu_ticks() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+def own_and_child_cpu(pid: int) -> tuple[float, float]:
+    """(CPU seconds of the process itself, of its children it has reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0, 0.0
+    fields = [int(v) for v in stat.rsplit(")", 1)[1].split()[11:15]]
+    return (fields[0] + fields[1]) / CLOCK_TICKS, (fields[2] + fields[3]) / CLOCK_TICKS
+
+
+def cpu_by_role(procs: list[tuple[str, int]]) -> dict[str, float]:
+    """CPU seconds so far: 'gateway', 'party daemons' (their own Python) and
+    'engines' (the MPC processes the daemons started and reaped)."""
+    out = {"gateway": 0.0, "party daemons": 0.0, "engines": 0.0}
+    for name, pid in procs:
+        own, children = own_and_child_cpu(pid)
+        if name == "gateway":
+            out["gateway"] += own + children
+        else:
+            out["party daemons"] += own
+            out["engines"] += children
+    return out
+
+
 def tree_cpu_seconds(pids: list[int]) -> float:
     """CPU seconds of these processes and of their children they have reaped."""
-    total = 0
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-    return total / CLOCK_TICKS
+    return sum(sum(own_and_child_cpu(pid)) for pid in pids)
 
 
 def run_level(root: Path, concurrent: int, data: dict[str, Any], mix: list[str],
@@ -169,15 +186,16 @@ def run_level(root: Path, concurrent: int, data: dict[str, Any], mix: list[str],
                 exps = np.asarray(owner.get_dataset(ds)["column_exponents"])
                 d["id"], d["raw"] = ds, FixedPoint().encode(t.x, exps, t.columns)
                 run_jobs(analyst, keys["analyst"], data, [name], engine)  # warm-up: compile
-            pids = [p.pid for _, p in stack.procs]
-            cpu0, ticks0 = tree_cpu_seconds(pids), cpu_ticks()
+            procs = [(n, p.pid) for n, p in stack.procs]
+            roles0, ticks0 = cpu_by_role(procs), cpu_ticks()
             relay0 = relay.reset() if relay else None  # the warm-up's traffic not counted
-            seconds, done, (cpu1, ticks1) = run_jobs(
+            seconds, done, (roles1, ticks1) = run_jobs(
                 analyst, keys["analyst"], data, mix, engine,
-                lambda: (tree_cpu_seconds(pids), cpu_ticks()))
+                lambda: (cpu_by_role(procs), cpu_ticks()))
+            by_role = {r: roles1[r] - roles0[r] for r in roles0}
             run = Run(rtt_ms, concurrent, seconds, len(done), all(d["correct"] for d in done),
-                      cpu1 - cpu0,
-                      (ticks1[0] - ticks0[0]) / max(1, ticks1[1] - ticks0[1]))
+                      sum(by_role.values()),
+                      (ticks1[0] - ticks0[0]) / max(1, ticks1[1] - ticks0[1]), by_role=by_role)
             if relay is not None and relay0 is not None:
                 relay1 = relay.stats()
                 run.relay_cpu = relay1["cpu_seconds"] - relay0["cpu_seconds"]
@@ -231,8 +249,9 @@ def run_jobs(analyst: GatewayClient, key: ClientKeys, data: dict[str, Any], mix:
 HEADER = ("| RTT (ms) | concurrent | jobs | seconds (fastest; every run) | jobs/hour "
           "| speed-up vs 1 | relay one-way hold, mean / max (ms) "
           "| relay woke late, mean / max (ms) | stack CPU share "
-          "| relay CPU share | machine busy | all match mirror |")
-SEP = "|---:|---:|---:|---|---:|---:|---|---|---:|---:|---:|---|"
+          "| relay CPU share | machine busy | CPU s per job: gateway / party daemons / "
+          "engines | all match mirror |")
+SEP = "|---:|---:|---:|---|---:|---:|---|---|---:|---:|---:|---|---|"
 
 
 def row(runs: list[Run], base: Run | None) -> str:
@@ -246,10 +265,12 @@ def row(runs: list[Run], base: Run | None) -> str:
     late = f"{best.late_ms:.3f} / {best.late_max_ms:.1f}" if best.rtt_ms > 0 else "-"
     relay = f"{best.relay_cpu / (best.seconds * cores):.0%}" if best.rtt_ms > 0 else "-"
     ok = all(r.correct for r in runs)
+    per_job = " / ".join(f"{best.by_role.get(r, 0.0) / best.jobs:.2f}"
+                         for r in ("gateway", "party daemons", "engines"))
     return (f"| {best.rtt_ms:g} | {best.concurrent} | {best.jobs} | {best.seconds:.1f} "
             f"({every}) | {per_hour:.0f} | {speed} | {hold} | {late} | "
             f"{best.stack_cpu / (best.seconds * cores):.0%} | {relay} | "
-            f"{best.machine_busy:.0%} | {'yes' if ok else 'NO'} |")
+            f"{best.machine_busy:.0%} | {per_job} | {'yes' if ok else 'NO'} |")
 
 
 def main() -> int:
@@ -324,7 +345,10 @@ def main() -> int:
             "(seconds x "
             f"{os.cpu_count()} cores); relay CPU share likewise for the relay process; "
             "machine busy: the share of all cores busy with anything (this run and any "
-            "other work on the machine) over the same window, from /proc/stat. "
+            "other work on the machine) over the same window, from /proc/stat. CPU "
+            "seconds per job: the stack's CPU over the timed window split by role and "
+            "divided by the jobs: the gateway, the party daemons' own Python, and the "
+            "engine processes they started (counted as each exits). "
             f"Fastest of {args.repeat} run(s) per row, every run's seconds listed; "
             "speed-up: jobs/hour over the same RTT's 1-concurrent figure.\n\n"
             f"Machine: {machine_description()}. Load average (1 min) {load_start[0]:.2f} at "
