@@ -149,11 +149,6 @@ def cpu_by_role(procs: list[tuple[str, int]]) -> dict[str, float]:
     return out
 
 
-def tree_cpu_seconds(pids: list[int]) -> float:
-    """CPU seconds of these processes and of their children they have reaped."""
-    return sum(sum(own_and_child_cpu(pid)) for pid in pids)
-
-
 def run_level(root: Path, concurrent: int, data: dict[str, Any], mix: list[str],
               engine: str, rtt_ms: float, priority: list[str]) -> Run:
     layout = prepare(root, PARTIES)
