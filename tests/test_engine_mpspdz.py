@@ -26,7 +26,7 @@ from ppfs.local import prepare_inputs, run_select
 from ppfs.oracle import ms_gini_top_k
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs.sharing import ShareBundle
-from ppfs.step2a import Security, Step2AShape, mirror, party_input_order, unmask
+from ppfs.step2a import Security, Step2AShape, input_plan, mirror, unmask
 from ppfs.synthetic import make_table
 from ppfs.table import LabelledTable
 
@@ -133,11 +133,15 @@ def test_preprocessing_batch_follows_the_public_shape() -> None:
 
 @pytest.mark.parametrize("security", SETTINGS)
 def test_party_input_file_is_components_in_program_order(
-    security: Security, tmp_path: Path
+    security: Security, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # a chunk of 5 entries (the program's is 2^17) so that 21 data entries take five
+    # chunks and each party's items interleave chunk by chunk
+    monkeypatch.setattr(mpspdz, "INPUT_CHUNK", 5)
     table = make_table(7, 3, n_classes=3, seed=2)
     prep = prepare_inputs(table, 2, security, tmp_path)
     shape = prep.inputs.shape
+    plan = input_plan(security)
     for i in range(security.parties):
         out, persisted = tmp_path / f"in{i}", tmp_path / f"Persistence-{i}"
         write_party_input(security, shape, i, prep.inputs.party_dirs[i], out, 12345 + i,
@@ -147,7 +151,12 @@ def test_party_input_file_is_components_in_program_order(
         shares = []
         for fname in ("data.shr", "labels.shr", "mask.shr"):
             b = ShareBundle.load(prep.inputs.party_dirs[i] / fname)
-            expected += [b.components[j].ravel() for j in party_input_order(security, i)]
+            flat = {j: c.ravel() for j, c in b.components.items()}
+            size = b.shape[0] * b.shape[1]
+            for start in range(0, size, 5):
+                for item in plan.party_items(i):
+                    part = sum(flat[j][start:start + 5].astype(object) for j in item.components)
+                    expected.append(np.array([v % 2**64 for v in part], dtype=np.uint64))
             if security in mpspdz.PERSISTED:    # Rep3's share of party i: (a_i, a_{i-1})
                 shares += [np.stack([b.components[i].ravel(),
                                      b.components[(i - 1) % 3].ravel()], axis=1).ravel()]
@@ -160,6 +169,29 @@ def test_party_input_file_is_components_in_program_order(
         else:
             np.testing.assert_array_equal(words, np.concatenate(expected))
             assert not persisted.exists()
+
+
+def test_input_chunk_is_the_programs() -> None:
+    # the writer's chunk and the program's must agree, or the parties read their
+    # items out of order
+    program = (Path(mpspdz.__file__).parent / "mpspdz_programs" / "step2a.mpc").read_text()
+    assert "\nCHUNK = 1 << 17\n" in program
+    assert mpspdz.INPUT_CHUNK == 1 << 17
+
+
+def test_program_input_plan_is_the_python_one() -> None:
+    # step2a.mpc states the plan again (it is compiled without ppfs.step2a); both
+    # statements must be the same plan
+    program = (Path(mpspdz.__file__).parent / "mpspdz_programs" / "step2a.mpc").read_text()
+    block = program[program.index("if SECURITY == 'active-3pc':\n    ITEMS"):]
+    block = block[:block.index("\n\n")]
+    for security in ACTIVE:
+        scope: dict[str, object] = {"SECURITY": security.value}
+        exec(block, scope)  # the repository's own program text
+        plan = input_plan(security)
+        assert scope["ITEMS"] == [(it.party, it.components) for it in plan.items]
+        assert scope["TOTAL"] == list(plan.total)
+        assert scope["CHECKS"] == [list(c) for c in plan.checks]
 
 
 def test_subject_hash_matches_openssl(tmp_path: Path) -> None:
@@ -244,22 +276,36 @@ def test_many_rows_no_overflow(engine: MpSpdzEngine, tmp_path: Path) -> None:
     assert max(mirror(_encoded(table, fp), table.y, shape).q) > 2**60  # scores use ~61 bits
 
 
+def _altered_inputs() -> list[tuple[Security, int, int, str]]:
+    """(setting, party, component, kind): every component each party inputs in each
+    active setting, the matrix it is altered in taking turns."""
+    cases = []
+    kinds = ["data", "labels", "mask"]
+    for security in ACTIVE:
+        for party in range(security.parties):
+            comps = sorted({j for item in input_plan(security).party_items(party)
+                            for j in item.components})
+            cases += [(security, party, j, kinds[len(cases) % 3]) for j in comps]
+    return cases
+
+
 @needs_mpspdz
 @pytest.mark.mpspdz
-@pytest.mark.parametrize("security", ACTIVE, ids=lambda s: s.value)
-@pytest.mark.parametrize("kind", ["data", "labels", "mask"])
+@pytest.mark.parametrize(
+    ("security", "party", "component", "kind"), _altered_inputs(),
+    ids=lambda v: v.value if isinstance(v, Security) else str(v),
+)
 def test_altered_share_is_detected_before_anything_opens(
-    security: Security, kind: str, engine: MpSpdzEngine, tmp_path: Path
+    security: Security, party: int, component: int, kind: str, engine: MpSpdzEngine,
+    tmp_path: Path,
 ) -> None:
     table = make_table(30, 4, seed=7)
     prep = prepare_inputs(table, 2, security, tmp_path)
-    party = security.parties - 1
     path = prep.inputs.party_dirs[party] / f"{kind}.shr"
     bundle = ShareBundle.load(path)
-    j = party_input_order(security, party)[-1]   # a component this party inputs
-    comp = bundle.components[j].copy()
-    comp[-1, -1] += np.uint64(1)
-    bundle.components[j] = comp
+    comp = bundle.components[component].copy()
+    comp[-1, -1] ^= np.uint64(1 << 63)    # + 2^63: the change a parity check would miss
+    bundle.components[component] = comp
     bundle.save(path)
     with pytest.raises(IntegrityError) as info:
         asyncio.run(engine.run_step2a(prep.inputs, tmp_path))
@@ -267,6 +313,28 @@ def test_altered_share_is_detected_before_anything_opens(
     for i in range(security.parties):
         assert not mpspdz.output_file(tmp_path / "mpspdz" / f"P{i}", i).exists()
     assert _engine_processes(tmp_path) == []
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_altered_component_a_party_does_not_input_changes_nothing(
+    engine: MpSpdzEngine, tmp_path: Path
+) -> None:
+    # in active 4PC party 1 holds c0, c2 and c3 but inputs only c0: what it holds
+    # otherwise never reaches the computation, so altering it cannot change the result
+    security = Security.ACTIVE_4PC
+    assert 2 not in {j for it in input_plan(security).party_items(1) for j in it.components}
+    table = make_table(30, 4, seed=7)
+    prep = prepare_inputs(table, 2, security, tmp_path)
+    path = prep.inputs.party_dirs[1] / "data.shr"
+    bundle = ShareBundle.load(path)
+    bundle.components[2] = bundle.components[2] + np.uint64(12345)
+    bundle.save(path)
+    run = asyncio.run(engine.run_step2a(prep.inputs, tmp_path))
+    idx, reduced = unmask(run.opened, prep.mask_words, prep.inputs.shape)
+    ref = mirror(prep.raw, table.y, prep.inputs.shape)
+    np.testing.assert_array_equal(idx, ref.selected)
+    np.testing.assert_array_equal(reduced, ref.reduced)
 
 
 @needs_mpspdz
@@ -393,7 +461,7 @@ def test_inputs_over_several_chunks_active(engine: MpSpdzEngine, tmp_path: Path)
     party = 2
     path = prep.inputs.party_dirs[party] / "data.shr"
     bundle = ShareBundle.load(path)
-    j = party_input_order(Security.ACTIVE_3PC, party)[-1]
+    j = input_plan(Security.ACTIVE_3PC).party_items(party)[-1].components[-1]
     comp = bundle.components[j].copy()
     comp[(1 << 17) // 100, (1 << 17) % 100] += np.uint64(1)  # first entry of chunk 2
     bundle.components[j] = comp

@@ -99,7 +99,7 @@ class FailureKind(enum.StrEnum):
     OWN = "own"  # a reason of the party's own
     PEER_LOST = "peer_lost"  # another party went away first
     TIMEOUT = "timeout"
-    INTEGRITY = "integrity"  # copies of a share component disagree
+    INTEGRITY = "integrity"  # the input checks failed: a server altered its share
     REFUSED = "refused"  # parameters or pinned inputs not acceptable to the party
     CANCELLED = "cancelled"  # told to stop
     SESSION = "session"  # the engine's peers ran another job
@@ -114,8 +114,8 @@ class FailureKind(enum.StrEnum):
     @property
     def collective(self) -> bool:
         """True when every party stops alike and the cause cannot be pinned on the
-        reporter: a range check every party opened, or copies of a share component that
-        disagree (the engine cannot tell which server altered its share)."""
+        reporter: a range check every party opened, or input checks that failed (the
+        engine cannot tell which server altered its share)."""
         return self in (FailureKind.OUT_OF_RANGE, FailureKind.INTEGRITY)
 
     def to_proto(self) -> pb.FailureKind:

@@ -37,7 +37,8 @@ class EngineError(PpfsError):
 
 
 class IntegrityError(EngineError):
-    """Parties' copies of a share component disagree: a server altered data.
+    """The input checks of an active setting failed: a server input something other
+    than the share components it holds (altered data).
 
     Raised before anything is revealed.
     """

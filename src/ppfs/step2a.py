@@ -77,27 +77,76 @@ class Security(enum.Enum):
         return Scheme.for_parties(self.parties)
 
 
-def input_schedule(security: Security) -> list[tuple[int, int]]:
-    """(component, inputting party) pairs in the order every program inputs them.
+@dataclass(frozen=True)
+class InputItem:
+    """One input of the active settings: ``party`` inputs the sum (mod 2^64) of its
+    share components ``components``."""
 
-    Component j is input by its holders in cyclic order starting at party j: the
-    first holder only in the passive settings; the first two in the active ones, so
-    a party that alters its copy is caught when the two copies are compared before
-    anything is revealed.
+    party: int
+    components: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """How the parties' share components enter an active setting's program.
+
+    ``items`` are input in this order, chunk by chunk; the value is the sum of the
+    items in ``total``; each of ``checks`` is a signed sum of items, (item, +1 or -1)
+    pairs, that is zero when every party input what it holds. The checks are opened
+    before anything else, and the run stops unless all are zero. They catch any one
+    party that inputs something else: for each party, the checks restricted to its
+    own items form an invertible matrix mod 2 (every entry +-1 or 0), so any nonzero
+    deviation of its inputs, whatever its 2-adic valuation, leaves some check
+    nonzero mod 2^64.
+
+    Active 3PC (party 0 holds c0, c2; party 1 c0, c1; party 2 c1, c2): five inputs
+    and two opened checks per value, where inputting every component by both its
+    holders takes six and three. Party 0 inputs c0 + c2, parties 1 and 2 each input
+    c1, party 1 c0 and party 2 c2; x = (c0 + c2) + c1; checks c1 - c1' and
+    (c0 + c2) - c0 - c2. (Five is the fewest: with four, the parity of the checks'
+    coefficients leaves one party's deviation of 2^63 unseen.)
+
+    Active 4PC (party i holds every component but c_i): four inputs and one check
+    per value, each party one input: party 0 inputs c1 + c2 + c3 and party 1 c0,
+    party 2 c0 + c1 + c3 and party 3 c2; x is the first pair's sum, and the check
+    is that both pairs' sums agree. Each party's input is in exactly one of the two.
+
+    The passive settings input each component once, by its first holder (cyclic
+    order from the component's index), without checks.
     """
-    scheme = security.scheme
-    n = scheme.parties
-    copies = 2 if security.active else 1
-    out: list[tuple[int, int]] = []
-    for j in range(n):
-        holders = sorted(scheme.holders_of(j), key=lambda h: (h - j) % n)
-        out.extend((j, h) for h in holders[:copies])
-    return out
+
+    items: tuple[InputItem, ...]
+    total: tuple[int, ...]
+    checks: tuple[tuple[tuple[int, int], ...], ...]
+
+    def party_items(self, party: int) -> list[InputItem]:
+        """The items ``party`` inputs, in program order (the order of its input file
+        within each chunk)."""
+        return [item for item in self.items if item.party == party]
 
 
-def party_input_order(security: Security, party: int) -> list[int]:
-    """Components ``party`` inputs, in program order (the order of its input file)."""
-    return [j for j, who in input_schedule(security) if who == party]
+def input_plan(security: Security) -> InputPlan:
+    """The :class:`InputPlan` of ``security`` (the same as ``step2a.mpc``'s)."""
+    if security is Security.ACTIVE_3PC:
+        return InputPlan(
+            items=(InputItem(0, (0, 2)), InputItem(1, (1,)), InputItem(2, (1,)),
+                   InputItem(1, (0,)), InputItem(2, (2,))),
+            total=(0, 1),
+            checks=(((1, 1), (2, -1)), ((0, 1), (3, -1), (4, -1))),
+        )
+    if security is Security.ACTIVE_4PC:
+        return InputPlan(
+            items=(InputItem(0, (1, 2, 3)), InputItem(1, (0,)),
+                   InputItem(2, (0, 1, 3)), InputItem(3, (2,))),
+            total=(0, 1),
+            checks=(((0, 1), (1, 1), (2, -1), (3, -1)),),
+        )
+    scheme, n = security.scheme, security.parties
+    items = tuple(
+        InputItem(min(scheme.holders_of(j), key=lambda h: (h - j) % n), (j,))
+        for j in range(n)
+    )
+    return InputPlan(items=items, total=tuple(range(n)), checks=())
 
 
 def bitlen(v: int) -> int:

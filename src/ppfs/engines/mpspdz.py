@@ -90,7 +90,7 @@ from ppfs.errors import (
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs.scoring import Scorer
 from ppfs.sharing import ShareBundle
-from ppfs.step2a import Security, Step2AShape, party_input_order
+from ppfs.step2a import Security, Step2AShape, input_plan
 
 PROGRAM = "step2a"
 # -M: keep memory accesses in program order. The compiler tracks dependencies of
@@ -197,8 +197,9 @@ def matrix_shapes(shape: Step2AShape) -> dict[str, tuple[int, int]]:
 # Passive 3PC reads the parties' shares as they are: party i's components (i, i-1) are
 # exactly its replicated share (a_i, a_{i-1}) of MP-SPDZ's Rep3, so they go into the
 # persistence file the program reads (no input protocol, no rounds). The active
-# settings input every component twice through the input protocol instead, so that
-# the two holders' copies can be compared before anything is opened.
+# settings input them through the input protocol instead, with redundancy
+# (ppfs.step2a.input_plan), so that checks opened before anything else catch a party
+# that inputs something other than what it holds.
 PERSISTED = frozenset({Security.PASSIVE_3PC})
 # file signature of MP-SPDZ's Rep3 shares over Z_2^64: length-prefixed type string,
 # then the bit length (Tools/Buffer.h file_signature)
@@ -208,6 +209,8 @@ REP3_HEADER = (
     + (64).to_bytes(4, "little")
 )
 _WRITE_ROWS = 1 << 16  # rows per write when interleaving a share's two components
+# entries per input chunk: step2a.mpc's CHUNK (its inputs go this many at a time)
+INPUT_CHUNK = 1 << 17
 
 
 def persistence_file(workdir: Path, party: int) -> Path:
@@ -247,11 +250,14 @@ def write_party_input(
     """Write party ``party``'s MP-SPDZ input from its share bundles.
 
     The input file ``out`` starts with the job's session tag (one word). In the active
-    settings it then holds, for data, labels and mask in turn, the components the party
-    inputs (:func:`ppfs.step2a.party_input_order`), each row-major as little-endian
-    64-bit words: exactly the order in which ``step2a.mpc`` reads them. In passive 3PC
-    (:data:`PERSISTED`) the shares go to ``persistence`` instead, as MP-SPDZ's Rep3
-    shares (a_i, a_{i-1}) of data, labels and mask in turn, after its file signature.
+    settings it then holds, for data, labels and mask in turn, the party's items of
+    :func:`ppfs.step2a.input_plan` (each the sum of some of its components mod 2^64),
+    as little-endian 64-bit words of the row-major matrix, :data:`INPUT_CHUNK` entries
+    at a time: the first chunk of each of its items in plan order, then the second
+    chunk of each, and so on, exactly the order in which ``step2a.mpc`` reads them.
+    In passive 3PC (:data:`PERSISTED`) the shares go to ``persistence`` instead, as
+    MP-SPDZ's Rep3 shares (a_i, a_{i-1}) of data, labels and mask in turn, after its
+    file signature.
     """
     bundles = _checked_bundles(security, shape, party, party_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -260,9 +266,17 @@ def write_party_input(
     with open(out, "wb") as fh:
         fh.write(int(session_tag).to_bytes(8, "little"))
         if security not in PERSISTED:
+            items = input_plan(security).party_items(party)
             for bundle in bundles:
-                for j in party_input_order(security, party):
-                    fh.write(np.ascontiguousarray(bundle.components[j], dtype="<u8").data)
+                comps = {j: bundle.components[j].reshape(-1) for j in bundle.components}
+                size = bundle.shape[0] * bundle.shape[1]
+                for start in range(0, size, INPUT_CHUNK):
+                    stop = min(size, start + INPUT_CHUNK)
+                    for item in items:
+                        words = comps[item.components[0]][start:stop].astype("<u8")
+                        for j in item.components[1:]:
+                            words += comps[j][start:stop]     # wraps mod 2^64
+                        fh.write(words.data)
             return
     if persistence is None:
         raise ParameterError(f"{security.value} needs the persistence file's path")
@@ -774,8 +788,8 @@ class MpSpdzEngine:
                 )
             if any(INTEGRITY_MARKER in bytes(p.out.kept) for p in parties):
                 raise IntegrityError(
-                    "integrity check failed: two parties' copies of a share component "
-                    "disagree (a server altered its share); nothing was revealed",
+                    "integrity check failed: the parties' inputs of the share components "
+                    "do not agree (a server altered its share); nothing was revealed",
                 )
             for marker, kind in RANGE_MARKERS.items():
                 if any(marker in bytes(p.out.kept) for p in parties):
