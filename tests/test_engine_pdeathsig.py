@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ppfs.engines.pdeathsig import read_peak_rss
+from ppfs.engines.pdeathsig import command, read_peak_rss
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux process semantics")
-LAUNCHER = [sys.executable, "-m", "ppfs.engines.pdeathsig"]
+LAUNCHER = command()   # the engines' launcher exactly as they are started
 SH = "/bin/sh"
 
 

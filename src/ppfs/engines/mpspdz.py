@@ -17,9 +17,10 @@ MP-SPDZ is used as an external tool found at ``home`` (``MPSPDZ_HOME``, else
    hashed for OpenSSL's lookup, is the trust anchor for the peers), ``Programs``
    linked to the compiled program, its binary input file and a ``HOSTS`` file of
    every party's MPC address.
-3. The input file of party i is its share components in program order
-   (:func:`write_party_input`); the program opens only (result + recipient's mask),
-   which every party writes to ``Player-Data/Binary-Output-P<i>-0``.
+3. The input file of party i is its items of the input plan in program order
+   (:func:`write_party_input`, :func:`ppfs.step2a.input_plan`); the program opens
+   only (result + recipient's mask), which every party writes to
+   ``Player-Data/Binary-Output-P<i>-0``.
 
 :meth:`MpSpdzEngine.run_party` runs one party (a party daemon's call);
 :meth:`MpSpdzEngine.run_step2a` sets up and launches every party with the same
@@ -63,6 +64,7 @@ from cryptography import x509
 
 from ppfs import step2b
 from ppfs.durable import free_ports
+from ppfs.engines import pdeathsig
 from ppfs.engines.base import (
     INPUT_FILES,
     PARTY_NAMES,
@@ -700,7 +702,7 @@ class MpSpdzEngine:
         # launched through ppfs.engines.pdeathsig: it dies with this process, and its
         # launcher reports its peak memory when it ends
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ppfs.engines.pdeathsig", "--peak-rss", str(peak_file),
+            *pdeathsig.command(), "--peak-rss", str(peak_file),
             binary, "-p", str(spec.party), "--ip-file-name", "HOSTS", "-v",
             "-o", "no_memory_output", *preprocessing_batch(spec.shape, spec.security), name,
             cwd=d, env=env, stdin=asyncio.subprocess.DEVNULL,

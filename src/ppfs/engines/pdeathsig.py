@@ -1,5 +1,5 @@
 """Run a program that dies with its launcher:
-``python -m ppfs.engines.pdeathsig [--peak-rss FILE] PROG ARGS``.
+``python -I -S .../pdeathsig.py [--peak-rss FILE] PROG ARGS`` (:func:`command`).
 
 Sets the Linux parent-death signal (SIGKILL) and replaces itself with PROG, so the
 engine process is killed when the process that launched it dies, even by SIGKILL:
@@ -73,6 +73,14 @@ def main(argv: list[str]) -> int:
         os.kill(os.getpid(), sig)
         return 128 + sig  # only if the signal did not end this process
     return os.waitstatus_to_exitcode(status)
+
+
+def command() -> list[str]:
+    """The launcher's argv prefix: this file run by the current interpreter in
+    isolated mode without ``site`` (-I -S). It imports only the standard library, so
+    it starts in about a quarter of the time ``-m`` takes through site-packages and
+    the editable install's finder, once per party and job."""
+    return [sys.executable, "-I", "-S", str(Path(__file__).resolve())]
 
 
 def read_peak_rss(path: Path) -> int | None:
