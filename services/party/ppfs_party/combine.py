@@ -167,8 +167,10 @@ def assemble(store: ShareStore, job: JobContract, party: int, party_name: str,
             f"the mask upload must hold {shape.outputs} mask words for {security.value}"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
+    # not synced to disk: a job's inputs do not outlive a restart (the job is failed
+    # and its inputs removed), and the uploads they come from are durable already
     for kind, comps, frac in (("data", data, job.frac_bits), ("labels", labels, 0),
                               ("mask", mask.components, 0)):
         ShareBundle(scheme, party, job.job_id, kind, next(iter(comps.values())).shape, frac,
-                    dict(comps)).save(out_dir / f"{kind}.shr")
+                    dict(comps)).save(out_dir / f"{kind}.shr", durable=False)
     return JobInputs(shape, columns, exponents)
