@@ -8,6 +8,7 @@ import secrets
 
 import pytest
 
+from ppfs.errors import ParameterError
 from ppfs.step2a import InputPlan, Security, input_plan
 
 MOD = 1 << 64
@@ -94,7 +95,7 @@ def test_active_plans_take_fewer_inputs_than_two_copies() -> None:
     assert (len(p4.items), len(p4.checks)) == (4, 1)
 
 
-def test_passive_plan_inputs_each_component_once_unchecked() -> None:
-    plan = input_plan(Security.PASSIVE_3PC)
-    assert sorted(j for item in plan.items for j in item.components) == [0, 1, 2]
-    assert plan.checks == () and plan.total == (0, 1, 2)
+def test_passive_settings_have_no_plan() -> None:
+    for security in (Security.PASSIVE_3PC, Security.PASSIVE_4PC):
+        with pytest.raises(ParameterError, match="no share components"):
+            input_plan(security)

@@ -111,8 +111,8 @@ class InputPlan:
     party 2 c0 + c1 + c3 and party 3 c2; x is the first pair's sum, and the check
     is that both pairs' sums agree. Each party's input is in exactly one of the two.
 
-    The passive settings input each component once, by its first holder (cyclic
-    order from the component's index), without checks.
+    The passive settings have no plan: passive 3PC reads each party's components as
+    its MP-SPDZ share, and MPyC takes its inputs its own way.
     """
 
     items: tuple[InputItem, ...]
@@ -141,12 +141,7 @@ def input_plan(security: Security) -> InputPlan:
             total=(0, 1),
             checks=(((0, 1), (1, 1), (2, -1), (3, -1)),),
         )
-    scheme, n = security.scheme, security.parties
-    items = tuple(
-        InputItem(min(scheme.holders_of(j), key=lambda h: (h - j) % n), (j,))
-        for j in range(n)
-    )
-    return InputPlan(items=items, total=tuple(range(n)), checks=())
+    raise ParameterError(f"{security.value} inputs no share components by an input plan")
 
 
 def bitlen(v: int) -> int:
