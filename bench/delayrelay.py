@@ -47,6 +47,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import hashlib
 import heapq
 import ipaddress
 import itertools
@@ -55,6 +56,8 @@ import os
 import resource
 import select
 import selectors
+import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -651,7 +654,7 @@ class EpollRelays:
             "bytes": total.bytes, "chunks": total.chunks, "waited": total.waited,
             "hold_mean_ms": total.hold_mean * 1e3, "hold_max_ms": total.hold_max * 1e3,
             "late_mean_ms": self.late.hold_mean * 1e3, "late_max_ms": self.late.hold_max * 1e3,
-            "cpu_seconds": use.ru_utime + use.ru_stime,
+            "cpu_seconds": use.ru_utime + use.ru_stime, "implementation": "python",
             "relays": {str(port): asdict(st) for port, st in self.stats.items()},
         }
 
@@ -714,16 +717,62 @@ class EpollRelays:
         self.ep.close()
 
 
+NATIVE_SOURCE = Path(__file__).resolve().with_name("delayrelay.c")
+IMPLEMENTATIONS = ("auto", "c", "python")
+
+
+def native_relay() -> tuple[Path | None, str]:
+    """The C relay (delayrelay.c, the same program as :class:`EpollRelays`), built with
+    the machine's C compiler (``$CC``, else cc) into a cache directory on first use and
+    kept under its source's hash: (path, "") or (None, why it cannot be had)."""
+    source = NATIVE_SOURCE.read_bytes()
+    digest = hashlib.sha256(source).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ppfs-bench"
+    binary = cache / f"delayrelay-{digest}"
+    if binary.is_file() and os.access(binary, os.X_OK):
+        return binary, ""
+    cc = shlex.split(os.environ.get("CC") or "cc")
+    if shutil.which(cc[0]) is None:
+        return None, f"no C compiler ({cc[0]} not found)"
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
+    try:
+        r = subprocess.run([*cc, "-O2", "-o", str(tmp), str(NATIVE_SOURCE)],
+                           capture_output=True, text=True, check=False, timeout=120)
+        if r.returncode != 0:
+            return None, f"{cc[0]} could not build delayrelay.c: {r.stderr.strip()[-300:]}"
+        os.replace(tmp, binary)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return binary, ""
+
+
 class RelayProcess:
-    """:class:`EpollRelays` in a process of its own (this file run as a script).
+    """:class:`EpollRelays` in a process of its own: this file run as a script, or the
+    same program in C (delayrelay.c), which takes a fraction of the CPU per chunk.
 
     ``relays``: (listen port, target) pairs, every port on loopback; ``delay``: the
-    one-way delay in seconds. Starting returns once every port listens. ``stats()``
-    asks the process for its figures (see :meth:`EpollRelays.report`), ``totals()``
-    as :class:`DirectionStats`; ``priority`` says what the process got."""
+    one-way delay in seconds. ``implementation``: "c", "python", or "auto" (C when a
+    compiler is at hand, else Python); ``self.implementation`` says which runs.
+    Starting returns once every port listens. ``stats()`` asks the process for its
+    figures (see :meth:`EpollRelays.report`), ``totals()`` as :class:`DirectionStats`;
+    ``priority`` says what the process got."""
 
-    def __init__(self, relays: Sequence[Relay], delay: float, *, priority: bool = True) -> None:
-        argv = [sys.executable, str(Path(__file__).resolve()), "--delay-ms", repr(delay * 1e3)]
+    def __init__(self, relays: Sequence[Relay], delay: float, *, priority: bool = True,
+                 implementation: str = "auto") -> None:
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"implementation: one of {', '.join(IMPLEMENTATIONS)}")
+        if delay < 0:
+            raise ValueError("the delay must not be negative")
+        binary: Path | None = None
+        if implementation != "python":
+            binary, why = native_relay()
+            if binary is None and implementation == "c":
+                raise OSError(f"the C relay is not available: {why}")
+        self.implementation = "c" if binary is not None else "python"
+        head = [str(binary)] if binary is not None else [sys.executable,
+                                                         str(Path(__file__).resolve())]
+        argv = [*head, "--delay-ms", repr(delay * 1e3)]
         for port, (host, tport) in relays:
             argv += ["--relay", f"{port}={host}:{tport}"]
         if not priority:
@@ -791,8 +840,9 @@ class ProcessMesh:
     relays are picked below the ephemeral range, so that no connection the relays or
     the parties open can take one first."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, implementation: str = "auto") -> None:
         self.delay = delay
+        self.implementation = implementation  # RelayProcess's; once started, which runs
         self.proc: RelayProcess | None = None
         self.peers: tuple[tuple[str, int], ...] = ()
         self.ports: dict[tuple[int, int], int] = {}
@@ -805,8 +855,10 @@ class ProcessMesh:
         bases = free_port_ranges(len(pairs), 1, host="127.0.0.1")
         self.ports = dict(zip(pairs, bases, strict=True))
         self.proc = RelayProcess(
-            [(self.ports[(i, j)], (peers[j][0], int(peers[j][1]))) for i, j in pairs], self.delay
+            [(self.ports[(i, j)], (peers[j][0], int(peers[j][1]))) for i, j in pairs], self.delay,
+            implementation=self.implementation,
         )
+        self.implementation = self.proc.implementation
         self.peers = tuple((h, int(p)) for h, p in peers)
 
     def view(
@@ -863,7 +915,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     priority = "not raised" if args.no_priority else raise_priority()
     relays = EpollRelays(args.relay, args.delay_ms / 1e3)
     try:
-        sys.stdout.write(json.dumps({"ready": True, "priority": priority}) + "\n")
+        sys.stdout.write(json.dumps({"ready": True, "priority": priority,
+                                     "implementation": "python"}) + "\n")
         sys.stdout.flush()
         relays.serve(sys.stdin, sys.stdout)
     finally:

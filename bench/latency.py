@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import PAPER, machine_description
-from delayrelay import ProcessMesh, RelayMesh
+from delayrelay import ProcessMesh, RelayMesh, native_relay
 from step2b import PARAMS, oracle_gap
 
 from ppfs.engines.mpspdz import MpSpdzEngine
@@ -82,14 +82,15 @@ def _correct(sel: Selection, table: LabelledTable, k: int, train: TrainParams | 
 # which relay carries the traffic: "process" (one epoll relay process for every pair,
 # at real-time priority where permitted) or "thread" (asyncio relays in a thread here)
 RELAY_KIND = ["process"]
+RELAY_IMPL = ["auto"]  # the process's implementation (RelayProcess): asked for, then ran
 
 
 def run_once(table: LabelledTable, k: int, sec: Security, rtt_ms: float | None,
              train: TrainParams | None) -> Measured:
     mesh: RelayMesh | ProcessMesh | None = None
     if rtt_ms is not None:
-        mesh = ProcessMesh(rtt_ms / 2000) if RELAY_KIND[0] == "process" else RelayMesh(
-            rtt_ms / 2000)
+        mesh = (ProcessMesh(rtt_ms / 2000, RELAY_IMPL[0]) if RELAY_KIND[0] == "process"
+                else RelayMesh(rtt_ms / 2000))
     tmp = tempfile.mkdtemp(prefix="ppfs-bench-")
     try:
         engine = MpSpdzEngine(mpspdz_home(), peer_view=mesh.view if mesh else None)
@@ -120,8 +121,15 @@ def main() -> int:
     ap.add_argument("--write", type=Path, default=None)
     ap.add_argument("--relay", choices=["process", "thread"], default="process",
                     help="relays in a process of their own (default) or in a thread here")
+    ap.add_argument("--relay-impl", choices=["auto", "c", "python"], default="auto",
+                    help="the relay process's implementation: c (bench/delayrelay.c, built "
+                         "with the machine's C compiler), python, or auto (c when it builds)")
     args = ap.parse_args()
     RELAY_KIND[0] = args.relay
+    if args.relay == "process":
+        RELAY_IMPL[0] = "c" if args.relay_impl != "python" and native_relay()[0] else "python"
+        if args.relay_impl == "c" and RELAY_IMPL[0] != "c":
+            raise SystemExit(f"the C relay is not available: {native_relay()[1]}")
     settings = [Security(s) for s in args.settings.split(",")]
     wanted = set(args.datasets.split(","))
     rtts = [float(v) for v in args.rtt.split(",")]
@@ -193,7 +201,8 @@ def write_report(path: Path, header: str, sep: str, rows: list[str],
         "directly. 'relay': every party dials each peer through a userspace TCP relay "
         "(bench/delayrelay.py) that holds each chunk RTT/2 in each direction; 0 ms shows "
         "what the relay itself adds. "
-        + ("The relays run as one epoll process of their own (RelayProcess). "
+        + (f"The relays run as one epoll process of their own (RelayProcess, in "
+           f"{'C (bench/delayrelay.c)' if RELAY_IMPL[0] == 'c' else 'Python'}). "
            if relay == "process" else "The relays run in a thread of the benchmark. ")
         + "Measured one-way hold: the relays' mean time between "
         "reading a chunk and forwarding it (the real one-way delay, above the nominal "

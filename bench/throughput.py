@@ -12,12 +12,14 @@ final state). Every result is fetched and checked against the plaintext mirror.
 Each RTT level (``--rtt-ms``) runs the whole concurrency list. 0 ms: the parties talk
 directly on loopback. Above 0: every party dials every peer through a delaying relay
 (bench/delayrelay.py, RelayProcess: one process of its own, real-time priority when
-permitted) that holds each chunk RTT/2 in each direction, one relay per ordered pair
-of parties, so each connection crosses one relay and a round trip gains the RTT. The
-relays sit on each peer's job port shifted by a fixed number (party i reaches party j
-at j's job port + 4(i+1); ``ppfs party serve --mpc-dial j=127.0.0.1:+N``), since an
-engine listens on its port on every address; every MPC port lies below the ephemeral
-range, so no outgoing connection can take one.
+permitted; in C, bench/delayrelay.c, when the machine's C compiler builds it, as it
+shares the cores with the stack: ``--relay python`` for the Python one) that holds
+each chunk RTT/2 in each direction, one relay per ordered pair of parties, so each
+connection crosses one relay and a round trip gains the RTT. The relays sit on each
+peer's job port shifted by a fixed number (party i reaches party j at j's job port +
+4(i+1); ``ppfs party serve --mpc-dial j=127.0.0.1:+N``), since an engine listens on
+its port on every address; every MPC port lies below the ephemeral range, so no
+outgoing connection can take one.
 
 Per run it records the relays' measured one-way hold (mean per chunk, over the timed
 jobs only) and the share of the machine's cores the stack got: CPU seconds of the
@@ -52,7 +54,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_description
-from delayrelay import RelayProcess, report_totals
+from delayrelay import IMPLEMENTATIONS, RelayProcess, report_totals
 from ppfs_cli.devstack import MPC_PORTS, Stack, prepare
 from ppfs_client.keys import ClientKeys
 from ppfs_client.sdk import GatewayClient, OwnerTable
@@ -150,13 +152,13 @@ def cpu_by_role(procs: list[tuple[str, int]]) -> dict[str, float]:
 
 
 def run_level(root: Path, concurrent: int, data: dict[str, Any], mix: list[str],
-              engine: str, rtt_ms: float, priority: list[str]) -> Run:
+              engine: str, rtt_ms: float, priority: list[str], relay_impl: str) -> Run:
     layout = prepare(root, PARTIES)
     relay: RelayProcess | None = None
     if rtt_ms > 0:
         plan = RelayPlan.make(PARTIES)
-        relay = RelayProcess(plan.relays, rtt_ms / 2e3)
-        priority.append(relay.priority)
+        relay = RelayProcess(plan.relays, rtt_ms / 2e3, implementation=relay_impl)
+        priority.append(f"{relay.implementation}: {relay.priority}")
         stack = Stack(layout, mpc_port_bases=plan.bases, party_args=plan.party_args)
     else:
         stack = Stack(layout)
@@ -279,6 +281,9 @@ def main() -> int:
                     help="round-trip times between the parties, comma-separated (0: direct "
                          "loopback; above 0: through relays, RTT/2 each way)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per level; the fastest counts")
+    ap.add_argument("--relay", default="auto", choices=IMPLEMENTATIONS,
+                    help="the delay relay's implementation: c (delayrelay.c, built with the "
+                         "machine's C compiler), python, or auto (c when it builds)")
     ap.add_argument("--write", type=Path, default=None)
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -303,7 +308,8 @@ def main() -> int:
             runs: dict[int, list[Run]] = {c: [] for c in levels}
             for _ in range(args.repeat):  # interleaved: load changes touch every level
                 for level in levels:
-                    r = run_level(Path(tmp), level, data, mix, args.engine, rtt, priority)
+                    r = run_level(Path(tmp), level, data, mix, args.engine, rtt, priority,
+                                  args.relay)
                     print(f"  RTT {rtt:g} ms, {level} concurrent: {r.seconds:.1f} s", flush=True)
                     runs[level].append(r)
                     if not r.correct:
@@ -330,7 +336,10 @@ def main() -> int:
             "RTT 0: the parties talk directly on loopback. RTT above 0: every party dials "
             "each peer through a delaying relay (bench/delayrelay.py), one per ordered pair "
             "of parties, all served by one relay process of their own that holds each chunk "
-            f"RTT/2 in each direction (its priority: {applied}); 'relay one-way hold': its "
+            f"RTT/2 in each direction (its implementation and priority: {applied}; the C one, "
+            "bench/delayrelay.c, is the same program as the Python one at a fraction of its "
+            "CPU, which matters as it shares the cores with the parties); "
+            "'relay one-way hold': its "
             "measured hold per chunk over the timed jobs, mean / max; 'relay woke late': how "
             "long after a chunk's due time the relay got to it (its own share of the hold "
             "above RTT/2; the rest is chunks that waited for a receiver whose buffer was "

@@ -16,9 +16,20 @@ import pytest
 from ppfs.durable import free_port_ranges
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from delayrelay import DelayRelay, EpollRelays, RelayMesh, RelayProcess
+from delayrelay import DelayRelay, EpollRelays, RelayMesh, RelayProcess, native_relay
 
 DELAY = 0.05
+
+
+@pytest.fixture(params=["python", "c"])
+def implementation(request: pytest.FixtureRequest) -> str:
+    """Each RelayProcess test runs the relay in Python and in C (delayrelay.c), which
+    must behave the same; the C one skips, saying why, where no C compiler builds it."""
+    if request.param == "c":
+        binary, why = native_relay()
+        if binary is None:
+            pytest.skip(f"the C relay cannot be built here: {why}")
+    return str(request.param)
 
 
 async def _echo_server() -> asyncio.Server:
@@ -183,11 +194,12 @@ def _relay_ports(n: int) -> list[int]:
     return [free_port_ranges(1, n)[0] + j for j in range(n)]
 
 
-def test_relay_process_forwards_intact_in_order_and_delayed() -> None:
+def test_relay_process_forwards_intact_in_order_and_delayed(implementation: str) -> None:
     servers = [_echo_thread() for _ in range(2)]
     ports = _relay_ports(2)
     relays = [(p, ("127.0.0.1", s[1])) for p, s in zip(ports, servers, strict=True)]
-    with RelayProcess(relays, DELAY) as relay:
+    with RelayProcess(relays, DELAY, implementation=implementation) as relay:
+        assert relay.implementation == implementation
         assert relay.priority  # says what it got (SCHED_FIFO 1, a nice value or none)
         for port in ports:
             with socket.create_connection(("127.0.0.1", port)) as c:
@@ -233,13 +245,14 @@ def test_relay_process_forwards_intact_in_order_and_delayed() -> None:
     assert zeroed["bytes"] == 0 and zeroed["connections"] == 0
 
 
-def test_relay_process_waits_for_a_target_that_is_not_listening_yet() -> None:
+def test_relay_process_waits_for_a_target_that_is_not_listening_yet(implementation: str) -> None:
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     target = probe.getsockname()[:2]
     probe.close()
     port = _relay_ports(1)[0]
-    with RelayProcess([(port, target)], 0.0, priority=False) as relay:
+    with RelayProcess([(port, target)], 0.0, priority=False,
+                      implementation=implementation) as relay:
         assert relay.priority == "not raised"
         with socket.create_connection(("127.0.0.1", port)) as c:
             c.sendall(b"early")  # sent before the target exists: queued, not lost
@@ -262,13 +275,17 @@ def test_relay_process_waits_for_a_target_that_is_not_listening_yet() -> None:
     assert st["from_target"]["chunks"] == 1 and st["from_target"]["waited"] == 0
 
 
-def test_relay_process_refuses_a_busy_port_and_other_hosts() -> None:
+def test_relay_process_refuses_a_busy_port_and_other_hosts(implementation: str) -> None:
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     with pytest.raises(OSError, match="did not start"):
-        RelayProcess([(busy.getsockname()[1], ("127.0.0.1", 80))], 0.0, priority=False)
+        RelayProcess([(busy.getsockname()[1], ("127.0.0.1", 80))], 0.0, priority=False,
+                     implementation=implementation)
     busy.close()
+    with pytest.raises(OSError, match="did not start"):
+        RelayProcess([(_relay_ports(1)[0], ("10.0.0.1", 80))], 0.0, priority=False,
+                     implementation=implementation)
     with pytest.raises(ValueError, match="loopback"):
         EpollRelays([(_relay_ports(1)[0], ("10.0.0.1", 80))], 0.0)
     with pytest.raises(ValueError, match="negative"):
