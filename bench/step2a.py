@@ -88,7 +88,7 @@ def anchor_cells(runs: list[anchor.AnchorRun | None], seconds: float, sent: int,
     """The literal runs' figures (the fastest of ``runs``) and the ratios literal / ppfs
     (time, bytes, party 0's rounds)."""
     done = [a for a in runs if a is not None]
-    if not done or len(done) < len(runs):
+    if not done or len(done) < len(runs):  # none ran, or one failed
         return "failed | - | - | - |"
     a = min(done, key=lambda r: r.engine_seconds)
     r0 = rounds[0] if rounds else 0
@@ -115,6 +115,8 @@ def main() -> int:
                     help="run the literal protocols this many times per row, each right "
                     "after one of the row's ppfs runs, and keep the fastest (at most --repeat)")
     args = ap.parse_args()
+    if args.repeat < 1 or args.anchor_repeat < 1:
+        raise SystemExit("--repeat and --anchor-repeat must be at least 1")
     scorers = [Scorer(s) for s in args.scorers.split(",")]
     engine = args.engine or default_engine_name()
     use_anchor = engine == "mp-spdz" and not args.no_anchor
