@@ -749,7 +749,8 @@ def native_relay() -> tuple[Path | None, str]:
 
 class RelayProcess:
     """:class:`EpollRelays` in a process of its own: this file run as a script, or the
-    same program in C (delayrelay.c), which takes a fraction of the CPU per chunk.
+    same program in C (delayrelay.c), which spends a fraction of the Python one's CPU in
+    user space (the kernel's TCP for the extra hop costs the same for both).
 
     ``relays``: (listen port, target) pairs, every port on loopback; ``delay``: the
     one-way delay in seconds. ``implementation``: "c", "python", or "auto" (C when a
