@@ -196,6 +196,60 @@ def test_program_input_plan_is_the_python_one() -> None:
         assert scope["CHECKS"] == [list(c) for c in plan.checks]
 
 
+# What MP-SPDZ 0.4.2 printed (abridged help text) when a TLS handshake failed: captured
+# from real runs of three parties, one killed during the handshake or holding a
+# certificate from another CA.
+_HELP = (b" failed. Make sure both sides  have the necessary certificate "
+         b"(Player-Data/P0.pem in the default configuration on their side and ...\n"
+         b"See also https://mp-spdz.readthedocs.io/en/latest/troubleshooting.html"
+         b"#handshake-failures\nSignature (should match the other side): ab/cd\n")
+_CUT_SERVER = b"Server-side handshake with P2" + _HELP + b"SSL error: handshake: stream truncated\n"
+_CUT_CLIENT = (b"Client-side handshake with P0" + _HELP
+               + b"SSL error: handshake: Connection reset by peer\n")
+_REJECTED = (b"Server-side handshake with P2" + _HELP
+             + b"SSL error: handshake: certificate verify failed\n")
+_REFUSED = (b"Client-side handshake with P1" + _HELP
+            + b"SSL error: handshake: tlsv1 alert unknown ca\n")
+_GONE_AFTER = b"Fatal error: read_some: stream truncated\n"
+
+
+def test_handshake_cut_short_is_a_lost_peer_not_a_certificate() -> None:
+    # a peer stopped mid-handshake (its container stopped, its process killed): the
+    # party that notices reports a lost peer and names it, never a certificate fault
+    for stderr, peer in ((_CUT_SERVER, "Carol"), (_CUT_CLIENT, "Alice")):
+        assert mpspdz._lost_a_peer(stderr)
+        reason = mpspdz._reason(stderr)
+        assert f"handshake with {peer} was cut short" in reason
+        assert "certificate" not in reason
+    assert mpspdz._lost_a_peer(_GONE_AFTER)
+    assert mpspdz._lost_peers(_CUT_SERVER) == [2]
+
+
+def test_handshake_refused_certificate_is_the_partys_own_failure() -> None:
+    assert not mpspdz._lost_a_peer(_REJECTED)
+    assert mpspdz._reason(_REJECTED) == (
+        " (its TLS handshake with Carol failed: it rejected Carol's TLS certificate)")
+    assert not mpspdz._lost_a_peer(_REFUSED)
+    assert mpspdz._reason(_REFUSED) == (
+        " (its TLS handshake with Bob failed: Bob rejected its TLS certificate)")
+    # nothing of MP-SPDZ's own text (paths, signatures) is passed on
+    assert "Player-Data" not in mpspdz._reason(_REJECTED)
+
+
+def test_culprit_is_the_party_the_others_lost_in_a_handshake() -> None:
+    # Carol stopped while Alice and Bob were shaking hands with her: both name her
+    from types import SimpleNamespace
+
+    def party(index: int, code: int, stderr: bytes) -> SimpleNamespace:
+        return SimpleNamespace(index=index, proc=SimpleNamespace(returncode=code),
+                               err=SimpleNamespace(kept=bytearray(stderr)),
+                               stopped_by_us=False, name=mpspdz.PARTY_NAMES[index])
+
+    carol = party(2, 1, b"")
+    parties = [party(0, 1, _CUT_SERVER), party(1, 1, _CUT_SERVER), carol]
+    assert mpspdz._culprit(parties, parties[0]) is carol  # type: ignore[arg-type]
+
+
 def test_subject_hash_matches_openssl(tmp_path: Path) -> None:
     openssl = shutil.which("openssl")
     if openssl is None:

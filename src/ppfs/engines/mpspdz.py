@@ -803,9 +803,8 @@ class MpSpdzEngine:
                    else f"failed with exit code {code}")
             stderr = bytes(culprit.err.kept)
             lost = code is not None and code > 0 and (
-                _PEER_FAILURE.search(stderr) is not None
-                or b"Fatal error in communication" in stderr
-                or b"encountered a problem" in stderr or b"closed" in stderr)
+                _lost_a_peer(stderr) or b"encountered a problem" in stderr
+                or b"closed" in stderr)
             error = PeerLostError if lost else EngineError
             raise error(
                 f"MP-SPDZ party {culprit.index} ({culprit.name}) {why}"
@@ -815,6 +814,52 @@ class MpSpdzEngine:
 
 
 _PEER_FAILURE = re.compile(rb"probably because party ([0-9]+) encountered a problem")
+# MP-SPDZ's report of a failed TLS handshake: "<side>-side handshake with P<j> failed",
+# its help text (which mentions certificates whatever the cause), then "SSL error: ..."
+_HANDSHAKE_FAILURE = re.compile(rb"(?:Client|Server)-side handshake with P([0-9]+) failed")
+_SSL_ERROR = re.compile(rb"SSL error: ([^\n]*)")
+# what the SSL error says when the peer went away mid-handshake (closed, killed, reset)
+# rather than refused a certificate
+_HANDSHAKE_CUT = (b"stream truncated", b"end of file", b"short read", b"unexpected eof",
+                  b"reset by peer", b"broken pipe", b"connection refused")
+
+
+def _handshake(stderr: bytes) -> tuple[int, bool] | None:
+    """(peer, cut short) when the party stopped in a TLS handshake, else None.
+
+    Cut short: the peer went away during the handshake (its process stopped), which is
+    a symptom, not a fault of this party; otherwise a certificate was refused."""
+    m = _HANDSHAKE_FAILURE.search(stderr)
+    if m is None:
+        return None
+    err = _SSL_ERROR.search(stderr)
+    detail = err.group(1).lower() if err is not None else b""
+    return int(m.group(1)), any(needle in detail for needle in _HANDSHAKE_CUT)
+
+
+_FATAL = re.compile(rb"Fatal error: ([^\n]*)")
+
+
+def _lost_a_peer(stderr: bytes) -> bool:
+    """True when the party's own log says it stopped because a peer went away."""
+    shake = _handshake(stderr)
+    fatal = _FATAL.search(stderr)
+    return (_PEER_FAILURE.search(stderr) is not None
+            or b"Fatal error in communication" in stderr
+            or (shake is not None and shake[1])
+            # a peer gone between the handshake and the program ("read_some: stream
+            # truncated", "write_some: Broken pipe")
+            or (fatal is not None
+                and any(needle in fatal.group(1).lower() for needle in _HANDSHAKE_CUT)))
+
+
+def _lost_peers(stderr: bytes) -> list[int]:
+    """The peers the party's log says it lost."""
+    lost = [int(m.group(1)) for m in _PEER_FAILURE.finditer(stderr)]
+    shake = _handshake(stderr)
+    if shake is not None and shake[1]:
+        lost.append(shake[0])
+    return lost
 
 
 def _culprit(parties: Sequence[_Party], first: _Party) -> _Party:
@@ -829,14 +874,12 @@ def _culprit(parties: Sequence[_Party], first: _Party) -> _Party:
     for p in failed:
         if (p.proc.returncode or 0) < 0:
             return p
-    own = [p for p in failed if _PEER_FAILURE.search(bytes(p.err.kept)) is None
-           and b"Fatal error in communication" not in bytes(p.err.kept)]
+    own = [p for p in failed if not _lost_a_peer(bytes(p.err.kept))]
     if len(own) == 1:
         return own[0]
     blamed: dict[int, int] = {}
     for p in parties:
-        for m in _PEER_FAILURE.finditer(bytes(p.err.kept)):
-            i = int(m.group(1))
+        for i in _lost_peers(bytes(p.err.kept)):
             if 0 <= i < len(parties) and i != p.index:
                 blamed[i] = blamed.get(i, 0) + 1
     if blamed:
@@ -888,6 +931,21 @@ _REASONS = (
 
 def _reason(stderr: bytes) -> str:
     """A fixed, redacted reason from a party's stderr (never the text itself)."""
+    shake = _handshake(stderr)
+    if shake is not None:
+        peer, cut = shake
+        name = PARTY_NAMES[peer] if 0 <= peer < len(PARTY_NAMES) else f"party {peer}"
+        if cut:
+            return f" (its TLS handshake with {name} was cut short: {name} went away)"
+        err = _SSL_ERROR.search(stderr)
+        detail = err.group(1).lower() if err is not None else b""
+        if b"verify failed" in detail:
+            why = f"it rejected {name}'s TLS certificate"
+        elif b"alert" in detail:
+            why = f"{name} rejected its TLS certificate"
+        else:
+            why = "a TLS certificate was rejected"
+        return f" (its TLS handshake with {name} failed: {why})"
     for needle, reason in _REASONS:
         if needle in stderr:
             return f" ({reason})"
