@@ -824,17 +824,22 @@ _HANDSHAKE_CUT = (b"stream truncated", b"end of file", b"short read", b"unexpect
                   b"reset by peer", b"broken pipe", b"connection refused")
 
 
-def _handshake(stderr: bytes) -> tuple[int, bool] | None:
-    """(peer, cut short) when the party stopped in a TLS handshake, else None.
+def _gone(detail: bytes) -> bool:
+    """True when an error text says the other end went away (closed, killed, reset)."""
+    detail = detail.lower()
+    return any(needle in detail for needle in _HANDSHAKE_CUT)
 
-    Cut short: the peer went away during the handshake (its process stopped), which is
-    a symptom, not a fault of this party; otherwise a certificate was refused."""
+
+def _handshake(stderr: bytes) -> tuple[int, bytes] | None:
+    """(peer, SSL error text) when the party stopped in a TLS handshake, else None.
+
+    A text that says the peer went away (its process stopped) is a symptom, not a
+    fault of this party; any other means a certificate was refused."""
     m = _HANDSHAKE_FAILURE.search(stderr)
     if m is None:
         return None
     err = _SSL_ERROR.search(stderr)
-    detail = err.group(1).lower() if err is not None else b""
-    return int(m.group(1)), any(needle in detail for needle in _HANDSHAKE_CUT)
+    return int(m.group(1)), err.group(1) if err is not None else b""
 
 
 _FATAL = re.compile(rb"Fatal error: ([^\n]*)")
@@ -846,18 +851,17 @@ def _lost_a_peer(stderr: bytes) -> bool:
     fatal = _FATAL.search(stderr)
     return (_PEER_FAILURE.search(stderr) is not None
             or b"Fatal error in communication" in stderr
-            or (shake is not None and shake[1])
+            or (shake is not None and _gone(shake[1]))
             # a peer gone between the handshake and the program ("read_some: stream
             # truncated", "write_some: Broken pipe")
-            or (fatal is not None
-                and any(needle in fatal.group(1).lower() for needle in _HANDSHAKE_CUT)))
+            or (fatal is not None and _gone(fatal.group(1))))
 
 
 def _lost_peers(stderr: bytes) -> list[int]:
     """The peers the party's log says it lost."""
     lost = [int(m.group(1)) for m in _PEER_FAILURE.finditer(stderr)]
     shake = _handshake(stderr)
-    if shake is not None and shake[1]:
+    if shake is not None and _gone(shake[1]):
         lost.append(shake[0])
     return lost
 
@@ -933,12 +937,10 @@ def _reason(stderr: bytes) -> str:
     """A fixed, redacted reason from a party's stderr (never the text itself)."""
     shake = _handshake(stderr)
     if shake is not None:
-        peer, cut = shake
+        peer, detail = shake
         name = PARTY_NAMES[peer] if 0 <= peer < len(PARTY_NAMES) else f"party {peer}"
-        if cut:
+        if _gone(detail):
             return f" (its TLS handshake with {name} was cut short: {name} went away)"
-        err = _SSL_ERROR.search(stderr)
-        detail = err.group(1).lower() if err is not None else b""
         if b"verify failed" in detail:
             why = f"it rejected {name}'s TLS certificate"
         elif b"alert" in detail:
