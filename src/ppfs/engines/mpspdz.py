@@ -818,16 +818,16 @@ _PEER_FAILURE = re.compile(rb"probably because party ([0-9]+) encountered a prob
 # its help text (which mentions certificates whatever the cause), then "SSL error: ..."
 _HANDSHAKE_FAILURE = re.compile(rb"(?:Client|Server)-side handshake with P([0-9]+) failed")
 _SSL_ERROR = re.compile(rb"SSL error: ([^\n]*)")
-# what the SSL error says when the peer went away mid-handshake (closed, killed, reset)
-# rather than refused a certificate
-_HANDSHAKE_CUT = (b"stream truncated", b"end of file", b"short read", b"unexpected eof",
-                  b"reset by peer", b"broken pipe", b"connection refused")
+# what an error text says when the other end went away (closed, killed, reset) rather
+# than, in a handshake, refused a certificate
+_GONE = (b"stream truncated", b"end of file", b"short read", b"unexpected eof",
+         b"reset by peer", b"broken pipe", b"connection refused")
 
 
 def _gone(detail: bytes) -> bool:
     """True when an error text says the other end went away (closed, killed, reset)."""
     detail = detail.lower()
-    return any(needle in detail for needle in _HANDSHAKE_CUT)
+    return any(needle in detail for needle in _GONE)
 
 
 def _handshake(stderr: bytes) -> tuple[int, bytes] | None:
@@ -845,18 +845,6 @@ def _handshake(stderr: bytes) -> tuple[int, bytes] | None:
 _FATAL = re.compile(rb"Fatal error: ([^\n]*)")
 
 
-def _lost_a_peer(stderr: bytes) -> bool:
-    """True when the party's own log says it stopped because a peer went away."""
-    shake = _handshake(stderr)
-    fatal = _FATAL.search(stderr)
-    return (_PEER_FAILURE.search(stderr) is not None
-            or b"Fatal error in communication" in stderr
-            or (shake is not None and _gone(shake[1]))
-            # a peer gone between the handshake and the program ("read_some: stream
-            # truncated", "write_some: Broken pipe")
-            or (fatal is not None and _gone(fatal.group(1))))
-
-
 def _lost_peers(stderr: bytes) -> list[int]:
     """The peers the party's log says it lost."""
     lost = [int(m.group(1)) for m in _PEER_FAILURE.finditer(stderr)]
@@ -864,6 +852,16 @@ def _lost_peers(stderr: bytes) -> list[int]:
     if shake is not None and _gone(shake[1]):
         lost.append(shake[0])
     return lost
+
+
+def _lost_a_peer(stderr: bytes) -> bool:
+    """True when the party's own log says it stopped because a peer went away."""
+    fatal = _FATAL.search(stderr)
+    return (bool(_lost_peers(stderr))
+            or b"Fatal error in communication" in stderr
+            # a peer gone between the handshake and the program ("read_some: stream
+            # truncated", "write_some: Broken pipe"), unnamed
+            or (fatal is not None and _gone(fatal.group(1))))
 
 
 def _culprit(parties: Sequence[_Party], first: _Party) -> _Party:
