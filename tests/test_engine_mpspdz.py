@@ -19,6 +19,7 @@ from procs import processes_in
 
 import ppfs.engines.mpspdz as mpspdz
 from ppfs.engines.mpspdz import MpSpdzEngine, compile_args, subject_hash, write_party_input
+from ppfs.engines.mpspdz_check import check_spdzwise
 from ppfs.engines.registry import mpspdz_home
 from ppfs.errors import EngineError, IntegrityError
 from ppfs.fixedpoint import FixedPoint
@@ -141,33 +142,52 @@ def test_party_input_file_is_components_in_program_order(
     table = make_table(7, 3, n_classes=3, seed=2)
     prep = prepare_inputs(table, 2, security, tmp_path)
     shape = prep.inputs.shape
-    plan = input_plan(security) if security.active else None
+    plan = input_plan(security) if security is Security.ACTIVE_4PC else None
     for i in range(security.parties):
         out, persisted = tmp_path / f"in{i}", tmp_path / f"Persistence-{i}"
+        memory = tmp_path / f"Memory-{i}"
         write_party_input(security, shape, i, prep.inputs.party_dirs[i], out, 12345 + i,
-                          persisted)
+                          persisted, memory)
         words = np.fromfile(out, dtype="<u8")
         expected = [np.array([12345 + i], dtype=np.uint64)]  # the session tag comes first
         shares = []
-        for fname in ("data.shr", "labels.shr", "mask.shr"):
-            b = ShareBundle.load(prep.inputs.party_dirs[i] / fname)
+        bundles = [ShareBundle.load(prep.inputs.party_dirs[i] / f)
+                   for f in ("data.shr", "labels.shr", "mask.shr")]
+        for b in bundles:
             flat = {j: c.ravel() for j, c in b.components.items()}
             size = b.shape[0] * b.shape[1]
-            if plan is not None:                 # the active settings' items, chunk by chunk
+            if plan is not None:                 # active 4PC's items, chunk by chunk
                 for start in range(0, size, 5):
                     for item in plan.party_items(i):
                         part = sum(flat[j][start:start + 5].astype(object)
                                    for j in item.components)
                         expected.append(np.array([v % 2**64 for v in part], dtype=np.uint64))
-            if security in mpspdz.PERSISTED:    # Rep3's share of party i: (a_i, a_{i-1})
+            if security.parties == 3:            # Rep3's share of party i: (a_i, a_{i-1})
                 shares += [np.stack([b.components[i].ravel(),
-                                     b.components[(i - 1) % 3].ravel()], axis=1).ravel()]
-        if security in mpspdz.PERSISTED:
+                                     b.components[(i - 1) % 3].ravel()], axis=1)]
+        if security in mpspdz.MEMORY_INPUT:
+            # the tag, then the digests of c_i and c_{i-1}; the pairs in the memory file
+            for j in (i, (i - 1) % 3):
+                expected.append(np.array(mpspdz.component_digest(bundles, j), dtype=np.uint64))
+            np.testing.assert_array_equal(words, np.concatenate(expected))
+            raw = memory.read_bytes()
+            pairs = np.concatenate(shares)
+            n = len(pairs)
+            head = f"0\n0\n{8192 + n}\n0\n".encode()
+            assert raw.startswith(head) and raw.endswith(b"0\n0\nM")
+            body = np.frombuffer(raw[len(head):-5], dtype=np.uint8).reshape(-1, 52)
+            assert len(body) == 8192 + n and not body[:8192].any()
+            got = body[8192:]
+            np.testing.assert_array_equal(got[:, 0:8].copy().view("<u8").ravel(), pairs[:, 0])
+            np.testing.assert_array_equal(got[:, 13:21].copy().view("<u8").ravel(), pairs[:, 1])
+            assert not got[:, 8:13].any() and not got[:, 21:].any()   # zero MAC shares
+            assert not persisted.exists()
+        elif security in mpspdz.PERSISTED:
             np.testing.assert_array_equal(words, expected[0])     # the tag only
             raw = persisted.read_bytes()
             assert raw.startswith(mpspdz.REP3_HEADER)
             got = np.frombuffer(raw[len(mpspdz.REP3_HEADER):], dtype="<u8")
-            np.testing.assert_array_equal(got, np.concatenate(shares))
+            np.testing.assert_array_equal(got, np.concatenate(shares).ravel())
         else:
             np.testing.assert_array_equal(words, np.concatenate(expected))
             assert not persisted.exists()
@@ -185,9 +205,9 @@ def test_program_input_plan_is_the_python_one() -> None:
     # step2a.mpc states the plan again (it is compiled without ppfs.step2a); both
     # statements must be the same plan
     program = (Path(mpspdz.__file__).parent / "mpspdz_programs" / "step2a.mpc").read_text()
-    block = program[program.index("if SECURITY == 'active-3pc':\n    ITEMS"):]
+    block = program[program.index("if SECURITY == 'active-4pc':\n    ITEMS"):]
     block = block[:block.index("\n\n")]
-    for security in ACTIVE:
+    for security in [Security.ACTIVE_4PC]:
         scope: dict[str, object] = {"SECURITY": security.value}
         exec(block, scope)  # the repository's own program text
         plan = input_plan(security)
@@ -339,8 +359,11 @@ def _altered_inputs() -> list[tuple[Security, int, int, str]]:
     kinds = ["data", "labels", "mask"]
     for security in ACTIVE:
         for party in range(security.parties):
-            comps = sorted({j for item in input_plan(security).party_items(party)
-                            for j in item.components})
+            if security is Security.ACTIVE_3PC:     # both components a party holds
+                comps = sorted({party, (party - 1) % 3})
+            else:
+                comps = sorted({j for item in input_plan(security).party_items(party)
+                                for j in item.components})
             cases += [(security, party, j, kinds[len(cases) % 3]) for j in comps]
     return cases
 
@@ -369,6 +392,55 @@ def test_altered_share_is_detected_before_anything_opens(
     for i in range(security.parties):
         assert not mpspdz.output_file(tmp_path / "mpspdz" / f"P{i}", i).exists()
     assert _engine_processes(tmp_path) == []
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+@pytest.mark.parametrize("party", range(3))
+def test_active_3pc_party_computing_on_an_altered_share_is_caught(
+    party: int, engine: MpSpdzEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a corrupted server that reports the digests of the shares it was given but
+    # computes on an altered one (+ 2^63 on one entry of its own component): its copy
+    # disagrees with the other holder's from the first multiplication on (the MACs),
+    # and the SPDZ-wise check stops the run before anything is opened
+    security = Security.ACTIVE_3PC
+    table = make_table(30, 4, seed=7)
+    prep = prepare_inputs(table, 2, security, tmp_path)
+    real = mpspdz.write_party_input
+
+    def altered_memory(security: Security, shape: Step2AShape, i: int, d: Path, out: Path,
+                       session_tag: int = 0, persistence: Path | None = None,
+                       memory: Path | None = None) -> None:
+        real(security, shape, i, d, out, session_tag, persistence, memory)
+        if i == party:
+            assert memory is not None
+            with open(memory, "r+b") as fh:     # top byte of the last share's own component
+                fh.seek(-5 - 52 + 7, os.SEEK_END)
+                top = fh.read(1)[0]
+                fh.seek(-1, os.SEEK_CUR)
+                fh.write(bytes([top ^ 0x80]))
+
+    monkeypatch.setattr(mpspdz, "write_party_input", altered_memory)
+    with pytest.raises(IntegrityError) as info:
+        asyncio.run(engine.run_step2a(prep.inputs, tmp_path))
+    assert "deviated from the protocol" in str(info.value)
+    assert "nothing was revealed" in str(info.value)
+    for i in range(security.parties):
+        assert not mpspdz.output_file(tmp_path / "mpspdz" / f"P{i}", i).exists()
+    assert _engine_processes(tmp_path) == []
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_this_build_rejects_a_forged_mac(tmp_path: Path) -> None:
+    # the check active 3PC runs first: three parties open the square of a value whose
+    # MAC shares are zero, and this build's SPDZ-wise check must stop them
+    home = mpspdz_home()
+    binary = MpSpdzEngine(home)._binary(Security.ACTIVE_3PC)
+    asyncio.run(check_spdzwise(home, binary, tmp_path))
+    (verdict,) = (tmp_path / "checks").iterdir()
+    assert verdict.read_text().strip() == "sound"
 
 
 @needs_mpspdz
@@ -419,10 +491,12 @@ def test_failing_party_is_named_and_all_stopped(
     real = mpspdz.write_party_input
 
     def short_input(security: Security, shape: Step2AShape, party: int, d: Path,
-                    out: Path, session_tag: int = 0, persistence: Path | None = None) -> None:
-        real(security, shape, party, d, out, session_tag, persistence)
-        if party == 1:  # Bob's input (passive 3PC: his persisted shares) ends early
-            short = persistence if security in mpspdz.PERSISTED else out
+                    out: Path, session_tag: int = 0, persistence: Path | None = None,
+                    memory: Path | None = None) -> None:
+        real(security, shape, party, d, out, session_tag, persistence, memory)
+        if party == 1:  # Bob's input (his persisted shares / memory file) ends early
+            short = (persistence if security in mpspdz.PERSISTED else
+                     memory if security in mpspdz.MEMORY_INPUT else out)
             assert short is not None
             with open(short, "r+b") as fh:
                 fh.truncate(os.path.getsize(short) // 2)
@@ -517,7 +591,7 @@ def test_inputs_over_several_chunks_active(engine: MpSpdzEngine, tmp_path: Path)
     party = 2
     path = prep.inputs.party_dirs[party] / "data.shr"
     bundle = ShareBundle.load(path)
-    j = input_plan(Security.ACTIVE_3PC).party_items(party)[-1].components[-1]
+    j = (party - 1) % 3                  # the component Carol shares with Bob
     comp = bundle.components[j].copy()
     comp[(1 << 17) // 100, (1 << 17) % 100] += np.uint64(1)  # first entry of chunk 2
     bundle.components[j] = comp

@@ -1,5 +1,6 @@
-"""The active settings' input plan (ppfs.step2a.input_plan): honest inputs give the
-value and pass every check; any one party that inputs something else fails one."""
+"""Active 4PC's input plan (ppfs.step2a.input_plan): honest inputs give the value and
+pass every check; any one party that inputs something else fails one. (Active 3PC
+has no plan: it reads its shares as they are, tests/test_engine_mpspdz.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ppfs.errors import ParameterError
 from ppfs.step2a import InputPlan, Security, input_plan
 
 MOD = 1 << 64
-ACTIVE = [Security.ACTIVE_3PC, Security.ACTIVE_4PC]
+ACTIVE = [Security.ACTIVE_4PC]
 
 
 def _inputs(plan: InputPlan, comps: list[int]) -> list[int]:
@@ -88,14 +89,13 @@ def test_checks_pin_each_party_mod_2(security: Security) -> None:
         assert rank == len(own), (security.value, party)
 
 
-def test_active_plans_take_fewer_inputs_than_two_copies() -> None:
-    # two copies of each component: 6 inputs and 3 checks in 3PC, 8 and 4 in 4PC
-    p3, p4 = input_plan(Security.ACTIVE_3PC), input_plan(Security.ACTIVE_4PC)
-    assert (len(p3.items), len(p3.checks)) == (5, 2)
+def test_active_plan_takes_fewer_inputs_than_two_copies() -> None:
+    # two copies of each component: 8 inputs and 4 checks in 4PC
+    p4 = input_plan(Security.ACTIVE_4PC)
     assert (len(p4.items), len(p4.checks)) == (4, 1)
 
 
-def test_passive_settings_have_no_plan() -> None:
-    for security in (Security.PASSIVE_3PC, Security.PASSIVE_4PC):
+def test_other_settings_have_no_plan() -> None:
+    for security in (Security.PASSIVE_3PC, Security.ACTIVE_3PC, Security.PASSIVE_4PC):
         with pytest.raises(ParameterError, match="no share components"):
             input_plan(security)

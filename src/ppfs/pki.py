@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -188,3 +189,52 @@ def certify_party_key_request(
     return certify_party_keys(
         ca.key, ca.cert, index, name, box, signing,
         validity=min(validity, dt.timedelta(days=365)))
+
+
+# ---------------------------------------------------------------- OpenSSL lookup names
+def subject_hash(cert: x509.Certificate) -> str:
+    """OpenSSL's X509_NAME_hash of the subject (what ``openssl rehash`` links by).
+
+    SHA-1 over the canonical encoding of the name: each RDN as a DER SET of
+    (OID, UTF8String) with the value lower-cased and its whitespace collapsed.
+    """
+    canon = b""
+    for rdn in cert.subject.rdns:
+        items = b""
+        for attr in rdn:
+            text = attr.value if isinstance(attr.value, str) else attr.value.decode()
+            value = " ".join(text.split()).lower().encode()
+            oid = _der_oid(attr.oid.dotted_string)
+            items += _der(0x30, oid + _der(0x0C, value))
+        canon += _der(0x31, items)
+    digest = hashlib.sha1(canon, usedforsecurity=False).digest()
+    return f"{int.from_bytes(digest[:4], 'little'):08x}"
+
+
+def _der(tag: int, body: bytes) -> bytes:
+    n = len(body)
+    if n < 0x80:
+        return bytes([tag, n]) + body
+    size = n.to_bytes((n.bit_length() + 7) // 8, "big")
+    return bytes([tag, 0x80 | len(size)]) + size + body
+
+
+def _der_oid(dotted: str) -> bytes:
+    parts = [int(v) for v in dotted.split(".")]
+    body = bytes([40 * parts[0] + parts[1]])
+    for v in parts[2:]:
+        chunk = [v & 0x7F]
+        v >>= 7
+        while v:
+            chunk.append(0x80 | (v & 0x7F))
+            v >>= 7
+        body += bytes(reversed(chunk))
+    return _der(0x06, body)
+
+
+def hash_link(directory: Path, fname: str, digest: str) -> None:
+    """``<hash>.<n>`` -> fname, as ``openssl rehash`` names it (n counts collisions)."""
+    n = 0
+    while (directory / f"{digest}.{n}").is_symlink():
+        n += 1
+    (directory / f"{digest}.{n}").symlink_to(fname)

@@ -99,20 +99,15 @@ class InputPlan:
     deviation of its inputs, whatever its 2-adic valuation, leaves some check
     nonzero mod 2^64.
 
-    Active 3PC (party 0 holds c0, c2; party 1 c0, c1; party 2 c1, c2): five inputs
-    and two opened checks per value, where inputting every component by both its
-    holders takes six and three. Party 0 inputs c0 + c2, parties 1 and 2 each input
-    c1, party 1 c0 and party 2 c2; x = (c0 + c2) + c1; checks c1 - c1' and
-    (c0 + c2) - c0 - c2. (Five is the fewest: with four, the parity of the checks'
-    coefficients leaves one party's deviation of 2^63 unseen.)
-
     Active 4PC (party i holds every component but c_i): four inputs and one check
     per value, each party one input: party 0 inputs c1 + c2 + c3 and party 1 c0,
     party 2 c0 + c1 + c3 and party 3 c2; x is the first pair's sum, and the check
     is that both pairs' sums agree. Each party's input is in exactly one of the two.
 
-    The passive settings have no plan: passive 3PC reads each party's components as
-    its MP-SPDZ share, and MPyC takes its inputs its own way.
+    The 3PC settings have no plan: passive 3PC reads each party's components as its
+    MP-SPDZ share, active 3PC reads them the same way and gives them their MACs in
+    the program, where the SPDZ-wise check verifies them (ppfs.engines.mpspdz), and
+    MPyC takes its inputs its own way.
     """
 
     items: tuple[InputItem, ...]
@@ -127,13 +122,6 @@ class InputPlan:
 
 def input_plan(security: Security) -> InputPlan:
     """The :class:`InputPlan` of ``security`` (the same as ``step2a.mpc``'s)."""
-    if security is Security.ACTIVE_3PC:
-        return InputPlan(
-            items=(InputItem(0, (0, 2)), InputItem(1, (1,)), InputItem(2, (1,)),
-                   InputItem(1, (0,)), InputItem(2, (2,))),
-            total=(0, 1),
-            checks=(((1, 1), (2, -1)), ((0, 1), (3, -1), (4, -1))),
-        )
     if security is Security.ACTIVE_4PC:
         return InputPlan(
             items=(InputItem(0, (1, 2, 3)), InputItem(1, (0,)),

@@ -77,6 +77,12 @@ from ppfs.engines.base import (
     Progress,
     Step2AInputs,
 )
+from ppfs.engines.mpspdz_check import (
+    check_spdzwise,
+    failed_a_mac_check,
+    memory_file,
+    write_spdzwise_memory,
+)
 from ppfs.engines.mpspdz_release import cpu_bin_dirs
 from ppfs.engines.pdeathsig import read_peak_rss
 from ppfs.errors import (
@@ -89,7 +95,7 @@ from ppfs.errors import (
     ShareFormatError,
     TimedOutError,
 )
-from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
+from ppfs.pki import CertificateAuthority, hash_link, party_key_and_csr, subject_hash, write_cert
 from ppfs.scoring import Scorer
 from ppfs.sharing import ShareBundle
 from ppfs.step2a import Security, Step2AShape, input_plan
@@ -104,6 +110,9 @@ COMPILE_FLAGS = ("-M",)
 CACHE_LAYOUT = b"ppfs-mpspdz-cache-3"
 INTEGRITY_MARKER = b"PPFS-INTEGRITY-FAILURE"
 SESSION_MARKER = b"PPFS-SESSION-MISMATCH"
+# printed by the program once its inputs are verified, right before anything that
+# depends on the data is opened
+OPENING_MARKER = b"PPFS-INPUTS-VERIFIED"
 # Step 2B's range checks (ppfs.step2b): the program prints one of these and stops
 RANGE_MARKERS = {b"PPFS-RANGE-RATIO": "ratio", b"PPFS-RANGE-WEIGHTS": "weights"}
 LOG_CAP = 256 * 1024  # bytes of each party's stdout/stderr kept on disk
@@ -198,11 +207,17 @@ def matrix_shapes(shape: Step2AShape) -> dict[str, tuple[int, int]]:
 
 # Passive 3PC reads the parties' shares as they are: party i's components (i, i-1) are
 # exactly its replicated share (a_i, a_{i-1}) of MP-SPDZ's Rep3, so they go into the
-# persistence file the program reads (no input protocol, no rounds). The active
-# settings input them through the input protocol instead, with redundancy
-# (ppfs.step2a.input_plan), so that checks opened before anything else catch a party
-# that inputs something other than what it holds.
+# persistence file the program reads (no input protocol, no rounds). Active 3PC finds
+# the same pairs in MP-SPDZ's memory file as the replicated part of its SPDZ-wise
+# shares (MEMORY_INPUT: the persistence file's signature would need the MAC key, which
+# exists only once the run starts); the program computes their MACs and the SPDZ-wise
+# check verifies them, and the two holders of each component compare its SHA-256
+# digest in the program. Active 4PC inputs them through the input protocol, with
+# redundancy (ppfs.step2a.input_plan), so that checks opened before anything else
+# catch a party that inputs something other than what it holds.
 PERSISTED = frozenset({Security.PASSIVE_3PC})
+MEMORY_INPUT = frozenset({Security.ACTIVE_3PC})
+DIGEST_WORDS = 4  # step2a.mpc's: a component's SHA-256 as four 64-bit words
 # file signature of MP-SPDZ's Rep3 shares over Z_2^64: length-prefixed type string,
 # then the bit length (Tools/Buffer.h file_signature)
 _REP3_SIGNATURE = b"replicated Z2^64"
@@ -245,9 +260,22 @@ def _checked_bundles(
     return bundles
 
 
+def component_digest(bundles: Sequence[ShareBundle], component: int) -> list[int]:
+    """SHA-256 of one share component over the data, labels and mask bundles, as
+    :data:`DIGEST_WORDS` little-endian 64-bit words. Both holders of the component
+    compute it from their copies; the program opens the difference of the two."""
+    h = hashlib.sha256(b"ppfs share component v1\0" + component.to_bytes(4, "little"))
+    for bundle in bundles:
+        rows, cols = bundle.shape
+        h.update(rows.to_bytes(8, "little") + cols.to_bytes(8, "little"))
+        h.update(np.ascontiguousarray(bundle.components[component], dtype="<u8").data)
+    raw = h.digest()
+    return [int.from_bytes(raw[8 * w:8 * w + 8], "little") for w in range(DIGEST_WORDS)]
+
+
 def write_party_input(
     security: Security, shape: Step2AShape, party: int, party_dir: Path, out: Path,
-    session_tag: int = 0, persistence: Path | None = None,
+    session_tag: int = 0, persistence: Path | None = None, memory: Path | None = None,
 ) -> None:
     """Write party ``party``'s MP-SPDZ input from its share bundles.
 
@@ -259,7 +287,10 @@ def write_party_input(
     chunk of each, and so on, exactly the order in which ``step2a.mpc`` reads them.
     In passive 3PC (:data:`PERSISTED`) the shares go to ``persistence`` instead, as
     MP-SPDZ's Rep3 shares (a_i, a_{i-1}) of data, labels and mask in turn, after its
-    file signature.
+    file signature. In active 3PC (:data:`MEMORY_INPUT`) the same pairs go to the
+    memory file ``memory`` (:func:`ppfs.engines.mpspdz_check.write_spdzwise_memory`)
+    and the input file holds, after the tag, the digests (:func:`component_digest`)
+    of the party's own component c_i and of c_{i-1}.
     """
     bundles = _checked_bundles(security, shape, party, party_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -267,7 +298,12 @@ def write_party_input(
         raise ParameterError("the session tag must be a 63-bit value")
     with open(out, "wb") as fh:
         fh.write(int(session_tag).to_bytes(8, "little"))
-        if security not in PERSISTED:
+        own, prev = party, (party - 1) % security.parties
+        if security in MEMORY_INPUT:
+            for j in (own, prev):
+                fh.write(b"".join(w.to_bytes(8, "little")
+                                  for w in component_digest(bundles, j)))
+        elif security not in PERSISTED:
             items = input_plan(security).party_items(party)
             for bundle in bundles:
                 comps = {j: bundle.components[j].reshape(-1) for j in bundle.components}
@@ -280,10 +316,17 @@ def write_party_input(
                             words += comps[j][start:stop]     # wraps mod 2^64
                         fh.write(words.data)
             return
+    if security in MEMORY_INPUT:
+        if memory is None:
+            raise ParameterError(f"{security.value} needs the memory file's path")
+        memory.parent.mkdir(parents=True, exist_ok=True)
+        size = sum(b.shape[0] * b.shape[1] for b in bundles)
+        write_spdzwise_memory(memory, size, [(b.components[own], b.components[prev])
+                                             for b in bundles])
+        return
     if persistence is None:
         raise ParameterError(f"{security.value} needs the persistence file's path")
     persistence.parent.mkdir(parents=True, exist_ok=True)
-    own, prev = party, (party - 1) % security.parties
     with open(persistence, "wb") as fh:
         fh.write(REP3_HEADER)
         for bundle in bundles:
@@ -295,54 +338,6 @@ def write_party_input(
                 pair[:, 0] = a[start:start + step]
                 pair[:, 1] = b[start:start + step]
                 fh.write(pair.tobytes())
-
-
-def subject_hash(cert: x509.Certificate) -> str:
-    """OpenSSL's X509_NAME_hash of the subject (what ``openssl rehash`` links by).
-
-    SHA-1 over the canonical encoding of the name: each RDN as a DER SET of
-    (OID, UTF8String) with the value lower-cased and its whitespace collapsed.
-    """
-    canon = b""
-    for rdn in cert.subject.rdns:
-        items = b""
-        for attr in rdn:
-            text = attr.value if isinstance(attr.value, str) else attr.value.decode()
-            value = " ".join(text.split()).lower().encode()
-            oid = _der_oid(attr.oid.dotted_string)
-            items += _der(0x30, oid + _der(0x0C, value))
-        canon += _der(0x31, items)
-    digest = hashlib.sha1(canon, usedforsecurity=False).digest()
-    return f"{int.from_bytes(digest[:4], 'little'):08x}"
-
-
-def _der(tag: int, body: bytes) -> bytes:
-    n = len(body)
-    if n < 0x80:
-        return bytes([tag, n]) + body
-    size = n.to_bytes((n.bit_length() + 7) // 8, "big")
-    return bytes([tag, 0x80 | len(size)]) + size + body
-
-
-def _der_oid(dotted: str) -> bytes:
-    parts = [int(v) for v in dotted.split(".")]
-    body = bytes([40 * parts[0] + parts[1]])
-    for v in parts[2:]:
-        chunk = [v & 0x7F]
-        v >>= 7
-        while v:
-            chunk.append(0x80 | (v & 0x7F))
-            v >>= 7
-        body += bytes(reversed(chunk))
-    return _der(0x06, body)
-
-
-def _hash_link(directory: Path, fname: str, digest: str) -> None:
-    """``<hash>.<n>`` -> fname, as ``openssl rehash`` names it (n counts collisions)."""
-    n = 0
-    while (directory / f"{digest}.{n}").is_symlink():
-        n += 1
-    (directory / f"{digest}.{n}").symlink_to(fname)
 
 
 def _schedule_for_hash(data: bytes) -> bytes:
@@ -440,6 +435,8 @@ class MpSpdzEngine:
         self.timeout = timeout
         # embedded runs only: where each party dials its peers (None: where they listen)
         self.peer_view = peer_view
+        # party binaries whose integrity check passed (mpspdz_check), by (path, size, mtime)
+        self._checked: set[tuple[str, int, int]] = set()
 
     # ------------------------------------------------------------------ availability
     def unavailable_reason(self) -> str | None:
@@ -475,7 +472,12 @@ class MpSpdzEngine:
     async def compile(
         self, shape: Step2AShape, security: Security, progress: Progress | None = None
     ) -> tuple[Path, str, str]:
-        """Compile (or reuse) the program; returns (Programs dir, program name, hash)."""
+        """Compile (or reuse) the program; returns (Programs dir, program name, hash).
+
+        Active 3PC first checks that the party binary's MAC check rejects a forged MAC
+        (:func:`ppfs.engines.mpspdz_check.check_spdzwise`) and refuses the build if not."""
+        if security is Security.ACTIVE_3PC:
+            await self._check_integrity(security, progress)
         protocol = PROTOCOLS[security]
         args = compile_args(shape, security)
         name = program_name(shape, security)
@@ -541,6 +543,17 @@ class MpSpdzEngine:
             raise
         return final / "Programs", name, digest
 
+    async def _check_integrity(self, security: Security, progress: Progress | None) -> None:
+        binary = self._binary(security)
+        st = binary.stat()
+        key = (str(binary), st.st_size, st.st_mtime_ns)
+        if key in self._checked:
+            return
+        if progress:
+            progress("checking that this MP-SPDZ build rejects a forged MAC (once per build)")
+        await check_spdzwise(self.home, binary, self.cache_dir)
+        self._checked.add(key)
+
     # ------------------------------------------------------------------ set-up
     async def prepare(self, shape: Step2AShape, security: Security) -> str:
         """Compile (or find in the cache) the program; returns its bytecode SHA-256."""
@@ -603,12 +616,12 @@ class MpSpdzEngine:
         for fname, path in ((f"P{i}.pem", spec.tls.cert), ("ppfs-ca.pem", spec.tls.ca_cert)):
             cert = x509.load_pem_x509_certificate(path.read_bytes())
             write_cert(pdata / fname, cert)
-            _hash_link(pdata, fname, subject_hash(cert))
+            hash_link(pdata, fname, subject_hash(cert))
         (d / "Programs").symlink_to(programs.resolve(), target_is_directory=True)
         (d / "HOSTS").write_text("".join(f"{host}:{port}\n" for host, port in hosts))
         write_party_input(spec.security, spec.shape, i, spec.input_dir,
                           pdata / f"Input-Binary-P{i}-0", spec.session_tag or 0,
-                          persistence_file(d, i))
+                          persistence_file(d, i), memory_file(d, i))
         linked = (d / "Programs").resolve()
         own = hashed.get(linked) if hashed is not None else None
         if own is None:
@@ -704,7 +717,8 @@ class MpSpdzEngine:
         proc = await asyncio.create_subprocess_exec(
             *pdeathsig.command(), "--peak-rss", str(peak_file),
             binary, "-p", str(spec.party), "--ip-file-name", "HOSTS", "-v",
-            "-o", "no_memory_output", *preprocessing_batch(spec.shape, spec.security), name,
+            "-o", "no_memory_output", *preprocessing_batch(spec.shape, spec.security),
+            *(["-m", "old"] if spec.security in MEMORY_INPUT else []), name,
             cwd=d, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
@@ -788,10 +802,20 @@ class MpSpdzEngine:
                     "the MP-SPDZ peers run another job (session tags differ); "
                     "no data was input"
                 )
+            if any(failed_a_mac_check(bytes(p.err.kept)) for p in parties):
+                raise IntegrityError(
+                    "integrity check failed: a server's shares or messages do not agree "
+                    "with the others' (it altered its share or deviated from the "
+                    "protocol); the run stopped"
+                    + (", nothing was revealed" if not any(
+                        OPENING_MARKER in bytes(p.out.kept) for p in parties) else
+                       " and its result was discarded"),
+                )
             if any(INTEGRITY_MARKER in bytes(p.out.kept) for p in parties):
                 raise IntegrityError(
-                    "integrity check failed: the parties' inputs of the share components "
-                    "do not agree (a server altered its share); nothing was revealed",
+                    "integrity check failed: the parties' copies or inputs of the share "
+                    "components do not agree (a server altered its share, or a data owner "
+                    "sent two servers different copies); nothing was revealed",
                 )
             for marker, kind in RANGE_MARKERS.items():
                 if any(marker in bytes(p.out.kept) for p in parties):
@@ -921,6 +945,8 @@ _REASONS = (
     (b"EOF when reading from disk", "its input file is too short"),
     (b"Persistence not found", "its input file is missing"),
     (b"ignature in", "its input file is not in MP-SPDZ's format"),
+    (b"Invalid memory file", "its input file (memory file) is short or malformed"),
+    (b"Memory-", "its input file (memory file) is missing"),
     (b"Address already in use", "its network port was taken"),
     (b"ould not bind", "its network port was taken"),
     (b"certificate", "a TLS certificate was rejected"),
