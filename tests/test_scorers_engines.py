@@ -166,6 +166,25 @@ def test_mpspdz_at_the_overflow_bounds(security, scorer, n_classes, cache_dir, t
     assert 1 not in idx.tolist()
 
 
+@needs_mpspdz
+@pytest.mark.parametrize("scorer", [Scorer.MS_GINI, Scorer.CHI2], ids=lambda s: s.value)
+def test_active_3pc_direct_mean_split_at_the_value_bounds(scorer, cache_dir, tmp_path):
+    """With few rows, active 3PC compares m*x with S + m directly instead of dividing
+    out the threshold first (step2a.mpc, DIRECT_SPLIT): at values +-(2^31 - 1) the
+    difference reaches its widest (a column at the top but for one row at the bottom)."""
+    m = 45
+    raw3, y = _bounds_data(m, 2)
+    lim = 2**31 - 1
+    raw = np.empty((m, 4), dtype=np.int64)
+    raw[:, :3] = raw3
+    raw[:, 3] = lim
+    raw[0, 3] = -lim
+    shape = Step2AShape(m, 4, 2, 2, reveal_reduced=False, scorer=scorer)
+    engine = MpSpdzEngine(mpspdz_home(), cache_dir=cache_dir, timeout=300)
+    idx = _run_raw(raw, y, shape, Security.ACTIVE_3PC, engine, tmp_path)
+    assert idx.tolist() == mirror(raw, y, shape).selected.tolist()
+
+
 # ---------------------------------------------------------------------- MPyC
 
 

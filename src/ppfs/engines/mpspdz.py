@@ -17,10 +17,12 @@ MP-SPDZ is used as an external tool found at ``home`` (``MPSPDZ_HOME``, else
    hashed for OpenSSL's lookup, is the trust anchor for the peers), ``Programs``
    linked to the compiled program, its binary input file and a ``HOSTS`` file of
    every party's MPC address.
-3. The input file of party i is its items of the input plan in program order
-   (:func:`write_party_input`, :func:`ppfs.step2a.input_plan`); the program opens
-   only (result + recipient's mask), which every party writes to
-   ``Player-Data/Binary-Output-P<i>-0``.
+3. Party i's shares go in as its pairs (c_i, c_{i-1}) in the 3PC settings (the
+   persistence file in passive 3PC, the memory file in active 3PC) and as its items
+   of the input plan in active 4PC (:func:`write_party_input`); its input file holds
+   the session tag first. Active 3PC runs only on a build whose MAC check rejects a
+   forged MAC (:mod:`ppfs.engines.mpspdz_check`). The program opens only (result +
+   recipient's mask), which every party writes to ``Player-Data/Binary-Output-P<i>-0``.
 
 :meth:`MpSpdzEngine.run_party` runs one party (a party daemon's call);
 :meth:`MpSpdzEngine.run_step2a` sets up and launches every party with the same
@@ -279,8 +281,8 @@ def write_party_input(
 ) -> None:
     """Write party ``party``'s MP-SPDZ input from its share bundles.
 
-    The input file ``out`` starts with the job's session tag (one word). In the active
-    settings it then holds, for data, labels and mask in turn, the party's items of
+    The input file ``out`` starts with the job's session tag (one word). In active 4PC
+    it then holds, for data, labels and mask in turn, the party's items of
     :func:`ppfs.step2a.input_plan` (each the sum of some of its components mod 2^64),
     as little-endian 64-bit words of the row-major matrix, :data:`INPUT_CHUNK` entries
     at a time: the first chunk of each of its items in plan order, then the second
