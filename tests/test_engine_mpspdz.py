@@ -18,6 +18,7 @@ import pytest
 from procs import processes_in
 
 import ppfs.engines.mpspdz as mpspdz
+from ppfs.engines.base import Step2AInputs
 from ppfs.engines.mpspdz import MpSpdzEngine, compile_args, subject_hash, write_party_input
 from ppfs.engines.mpspdz_check import check_spdzwise
 from ppfs.engines.registry import mpspdz_home
@@ -352,6 +353,19 @@ def test_many_rows_no_overflow(engine: MpSpdzEngine, tmp_path: Path) -> None:
     assert max(mirror(_encoded(table, fp), table.y, shape).q) > 2**60  # scores use ~61 bits
 
 
+def _stops_before_anything_opens(
+    engine: MpSpdzEngine, inputs: Step2AInputs, workdir: Path
+) -> IntegrityError:
+    """The run fails its integrity check: no party wrote an output, none is left running."""
+    with pytest.raises(IntegrityError) as info:
+        asyncio.run(engine.run_step2a(inputs, workdir))
+    assert "nothing was revealed" in str(info.value)
+    for i in range(inputs.security.parties):
+        assert not mpspdz.output_file(workdir / "mpspdz" / f"P{i}", i).exists()
+    assert _engine_processes(workdir) == []
+    return info.value
+
+
 def _altered_inputs() -> list[tuple[Security, int, int, str]]:
     """(setting, party, component, kind): every component each party inputs in each
     active setting, the matrix it is altered in taking turns."""
@@ -386,12 +400,7 @@ def test_altered_share_is_detected_before_anything_opens(
     comp[-1, -1] ^= np.uint64(1 << 63)    # + 2^63: the change a parity check would miss
     bundle.components[component] = comp
     bundle.save(path)
-    with pytest.raises(IntegrityError) as info:
-        asyncio.run(engine.run_step2a(prep.inputs, tmp_path))
-    assert "nothing was revealed" in str(info.value)
-    for i in range(security.parties):
-        assert not mpspdz.output_file(tmp_path / "mpspdz" / f"P{i}", i).exists()
-    assert _engine_processes(tmp_path) == []
+    _stops_before_anything_opens(engine, prep.inputs, tmp_path)
 
 
 @needs_mpspdz
@@ -422,13 +431,8 @@ def test_active_3pc_party_computing_on_an_altered_share_is_caught(
                 fh.write(bytes([top ^ 0x80]))
 
     monkeypatch.setattr(mpspdz, "write_party_input", altered_memory)
-    with pytest.raises(IntegrityError) as info:
-        asyncio.run(engine.run_step2a(prep.inputs, tmp_path))
-    assert "deviated from the protocol" in str(info.value)
-    assert "nothing was revealed" in str(info.value)
-    for i in range(security.parties):
-        assert not mpspdz.output_file(tmp_path / "mpspdz" / f"P{i}", i).exists()
-    assert _engine_processes(tmp_path) == []
+    error = _stops_before_anything_opens(engine, prep.inputs, tmp_path)
+    assert "deviated from the protocol" in str(error)
 
 
 @needs_mpspdz
