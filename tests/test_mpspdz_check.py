@@ -71,3 +71,12 @@ def test_a_build_whose_check_works_is_accepted(tmp_path: Path) -> None:
     asyncio.run(check_spdzwise(home, home / "sy-rep-ring-party.x", cache))
     (verdict,) = (cache / "checks").iterdir()
     assert verdict.read_text().strip() == "sound"
+
+
+def test_the_parties_find_mp_spdz_libraries_in_its_home(tmp_path: Path) -> None:
+    # a release or a copied build finds libSPDZ.so only through LD_LIBRARY_PATH (the
+    # party image's): a party that cannot start exits 127, as the loader makes it
+    home = _fake_home(tmp_path, 'case ":$LD_LIBRARY_PATH:" in *":$(dirname "$0"):"*) ;; '
+                                '*) exit 127;; esac\n'
+                                'echo "Fatal error: check hash mismatch" >&2\nexit 1\n')
+    asyncio.run(check_spdzwise(home, home / "sy-rep-ring-party.x", tmp_path / "cache"))

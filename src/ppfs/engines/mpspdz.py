@@ -83,6 +83,7 @@ from ppfs.engines.mpspdz_check import (
     check_spdzwise,
     failed_a_mac_check,
     memory_file,
+    party_env,
     write_spdzwise_memory,
 )
 from ppfs.engines.mpspdz_release import cpu_bin_dirs
@@ -708,10 +709,7 @@ class MpSpdzEngine:
 
     async def _launch_party(self, spec: PartyRunSpec, name: str) -> _Party:
         binary = str(self._binary(spec.security))
-        env = dict(os.environ)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            p for p in (str(self.home), env.get("LD_LIBRARY_PATH", "")) if p
-        )
+        env = party_env(self.home)
         d = spec.workdir
         peak_file = d / "peak-rss"
         # launched through ppfs.engines.pdeathsig: it dies with this process, and its

@@ -60,6 +60,16 @@ PROBE_TIMEOUT = 120.0
 SOUND, VOID = "sound", "void"
 
 
+def party_env(home: Path) -> dict[str, str]:
+    """The environment a party binary runs in: MP-SPDZ's own libraries (libSPDZ.so in
+    its home) come first; a release or a copied build has no run path to them."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(home), env.get("LD_LIBRARY_PATH", "")) if p
+    )
+    return env
+
+
 def failed_a_mac_check(stderr: bytes) -> bool:
     """True when an MP-SPDZ party's stderr says one of its integrity checks failed."""
     return any(needle in stderr for needle in MAC_FAILURES)
@@ -157,7 +167,8 @@ async def _run_probe(home: Path, binary: Path, tmp: Path) -> str:
     src.write_bytes(resources.files("ppfs.engines").joinpath("mpspdz_programs")
                     .joinpath(f"{PROBE}.mpc").read_bytes())
     rc, _, _ = await _run([sys.executable, str(home / "compile.py"), "-E", "sy-rep-ring",
-                           str(src.relative_to(tmp))], tmp)
+                           str(src.relative_to(tmp))], tmp,
+                          {**os.environ, "PYTHONHASHSEED": "0"})
     if rc != 0:
         raise EngineError(f"could not compile MP-SPDZ's forged-MAC check (exit {rc})")
     # a sharing of 3 by fresh components, each party's pair with a zero MAC share
@@ -183,7 +194,7 @@ async def _run_probe(home: Path, binary: Path, tmp: Path) -> str:
     runs = await asyncio.gather(*(
         _run([*pdeathsig.command(), "--peak-rss", str(d / "peak-rss"), str(binary),
               "-p", str(i), "--ip-file-name", "HOSTS", "-m", "old",
-              "-o", "no_memory_output", PROBE], d)
+              "-o", "no_memory_output", PROBE], d, party_env(home))
         for i, d in enumerate(dirs)
     ))
     if all(rc == 0 for rc, _, _ in runs) and ACCEPTED_MARKER in runs[0][1]:
@@ -191,17 +202,18 @@ async def _run_probe(home: Path, binary: Path, tmp: Path) -> str:
     if any(rc != 0 and failed_a_mac_check(err) for rc, _, err in runs):
         return SOUND
     codes = ", ".join(str(rc) for rc, _, _ in runs)
+    hint = "; a party binary could not start" if any(rc == 127 for rc, _, _ in runs) else ""
     raise EngineError(
         f"could not check MP-SPDZ's {binary.name}: the forged-MAC check ended neither "
-        f"way (exit codes {codes})"
+        f"way (exit codes {codes}{hint})"
     )
 
 
-async def _run(argv: list[str], cwd: Path) -> tuple[int, bytes, bytes]:
+async def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, bytes, bytes]:
     proc = await asyncio.create_subprocess_exec(
         *argv, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONHASHSEED": "0"}, start_new_session=True,
+        env=env, start_new_session=True,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), PROBE_TIMEOUT)
