@@ -18,6 +18,7 @@ import pytest
 from procs import processes_in
 
 import ppfs.engines.mpspdz as mpspdz
+import ppfs.engines.mpspdz_check as mpspdz_check
 from ppfs.engines.base import Step2AInputs
 from ppfs.engines.mpspdz import MpSpdzEngine, compile_args, subject_hash, write_party_input
 from ppfs.engines.mpspdz_check import check_spdzwise
@@ -200,6 +201,14 @@ def test_input_chunk_is_the_programs() -> None:
     program = (Path(mpspdz.__file__).parent / "mpspdz_programs" / "step2a.mpc").read_text()
     assert "\nCHUNK = 1 << 17\n" in program
     assert mpspdz.INPUT_CHUNK == 1 << 17
+
+
+def test_memory_layout_and_digests_are_the_programs() -> None:
+    # active 3PC: the memory file's base address and the digest width are stated in
+    # the program and in the writer; they must agree
+    program = (Path(mpspdz.__file__).parent / "mpspdz_programs" / "step2a.mpc").read_text()
+    assert f"\nMEMORY_BASE = {mpspdz_check.USER_MEM} " in program
+    assert f"\nDIGEST_WORDS = {mpspdz.DIGEST_WORDS} " in program
 
 
 def test_program_input_plan_is_the_python_one() -> None:
