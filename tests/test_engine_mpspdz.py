@@ -134,6 +134,16 @@ def test_preprocessing_batch_follows_the_public_shape() -> None:
     assert mpspdz.preprocessing_batch(small, Security.ACTIVE_4PC) == ["-b", "1000"]
 
 
+def _as_given(bundle: ShareBundle, component: np.ndarray) -> np.ndarray:
+    """A component as the party gives it to MP-SPDZ: flat; a mask's two words per
+    output folded to w0 + 2^60 w1 mod 2^64 (the mask the program adds)."""
+    if bundle.kind != "mask":
+        return component.ravel()
+    words = component.astype(object)
+    return np.array([(int(w0) + (int(w1) << 60)) % 2**64 for w0, w1 in words],
+                    dtype=np.uint64)
+
+
 @pytest.mark.parametrize("security", SETTINGS)
 def test_party_input_file_is_components_in_program_order(
     security: Security, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -156,8 +166,8 @@ def test_party_input_file_is_components_in_program_order(
         bundles = [ShareBundle.load(prep.inputs.party_dirs[i] / f)
                    for f in ("data.shr", "labels.shr", "mask.shr")]
         for b in bundles:
-            flat = {j: c.ravel() for j, c in b.components.items()}
-            size = b.shape[0] * b.shape[1]
+            flat = {j: _as_given(b, c) for j, c in b.components.items()}
+            size = len(next(iter(flat.values())))
             if plan is not None:                 # active 4PC's items, chunk by chunk
                 for start in range(0, size, 5):
                     for item in plan.party_items(i):
@@ -165,8 +175,7 @@ def test_party_input_file_is_components_in_program_order(
                                    for j in item.components)
                         expected.append(np.array([v % 2**64 for v in part], dtype=np.uint64))
             if security.parties == 3:            # Rep3's share of party i: (a_i, a_{i-1})
-                shares += [np.stack([b.components[i].ravel(),
-                                     b.components[(i - 1) % 3].ravel()], axis=1)]
+                shares += [np.stack([flat[i], flat[(i - 1) % 3]], axis=1)]
         if security in mpspdz.MEMORY_INPUT:
             # the tag, then the digests of c_i and c_{i-1}; the pairs in the memory file
             for j in (i, (i - 1) % 3):
@@ -406,7 +415,9 @@ def test_altered_share_is_detected_before_anything_opens(
     path = prep.inputs.party_dirs[party] / f"{kind}.shr"
     bundle = ShareBundle.load(path)
     comp = bundle.components[component].copy()
-    comp[-1, -1] ^= np.uint64(1 << 63)    # + 2^63: the change a parity check would miss
+    # + 2^63 on the last row's first word (the change a parity check would miss); of a
+    # mask's second word only the low 4 bits reach the mask mod 2^64, so not that one
+    comp[-1, 0] ^= np.uint64(1 << 63)
     bundle.components[component] = comp
     bundle.save(path)
     _stops_before_anything_opens(engine, prep.inputs, tmp_path)

@@ -101,7 +101,7 @@ from ppfs.errors import (
 from ppfs.pki import CertificateAuthority, hash_link, party_key_and_csr, subject_hash, write_cert
 from ppfs.scoring import Scorer
 from ppfs.sharing import ShareBundle
-from ppfs.step2a import Security, Step2AShape, input_plan
+from ppfs.step2a import MASK_WORD_BITS, Security, Step2AShape, input_plan
 
 PROGRAM = "step2a"
 # -M: keep memory accesses in program order. The compiler tracks dependencies of
@@ -263,15 +263,31 @@ def _checked_bundles(
     return bundles
 
 
+def engine_components(bundle: ShareBundle) -> dict[int, np.ndarray]:
+    """The components a party gives MP-SPDZ for one bundle, flat, as ``<u8`` words.
+
+    Data and labels as they are. The mask's two words per output are folded into
+    the one mask the program adds, w0 + 2^60 w1 mod 2^64 (ppfs.step2a.mask_values),
+    component by component: the fold is linear, so the folded components are a
+    sharing of the folded mask, and both holders of a component fold it alike. The
+    program then reads one value per output instead of two."""
+    comps = {j: np.ascontiguousarray(c, dtype="<u8") for j, c in bundle.components.items()}
+    if bundle.kind != "mask":
+        return {j: c.reshape(-1) for j, c in comps.items()}
+    shift = np.uint64(MASK_WORD_BITS)
+    return {j: c[:, 0] + (c[:, 1] << shift) for j, c in comps.items()}  # wraps mod 2^64
+
+
 def component_digest(bundles: Sequence[ShareBundle], component: int) -> list[int]:
-    """SHA-256 of one share component over the data, labels and mask bundles, as
+    """SHA-256 of one share component as the party gives it to MP-SPDZ
+    (:func:`engine_components`) over the data, labels and mask bundles, as
     :data:`DIGEST_WORDS` little-endian 64-bit words. Both holders of the component
     compute it from their copies; the program opens the difference of the two."""
-    h = hashlib.sha256(b"ppfs share component v1\0" + component.to_bytes(4, "little"))
+    h = hashlib.sha256(b"ppfs share component v2\0" + component.to_bytes(4, "little"))
     for bundle in bundles:
-        rows, cols = bundle.shape
-        h.update(rows.to_bytes(8, "little") + cols.to_bytes(8, "little"))
-        h.update(np.ascontiguousarray(bundle.components[component], dtype="<u8").data)
+        words = engine_components(bundle)[component]
+        h.update(bundle.kind.encode() + b"\0" + words.size.to_bytes(8, "little"))
+        h.update(words.data)
     raw = h.digest()
     return [int.from_bytes(raw[8 * w:8 * w + 8], "little") for w in range(DIGEST_WORDS)]
 
@@ -283,7 +299,8 @@ def write_party_input(
     """Write party ``party``'s MP-SPDZ input from its share bundles.
 
     The input file ``out`` starts with the job's session tag (one word). In active 4PC
-    it then holds, for data, labels and mask in turn, the party's items of
+    it then holds, for data, labels and mask in turn (as :func:`engine_components`
+    gives them: the mask folded to one word per output), the party's items of
     :func:`ppfs.step2a.input_plan` (each the sum of some of its components mod 2^64),
     as little-endian 64-bit words of the row-major matrix, :data:`INPUT_CHUNK` entries
     at a time: the first chunk of each of its items in plan order, then the second
@@ -309,8 +326,8 @@ def write_party_input(
         elif security not in PERSISTED:
             items = input_plan(security).party_items(party)
             for bundle in bundles:
-                comps = {j: bundle.components[j].reshape(-1) for j in bundle.components}
-                size = bundle.shape[0] * bundle.shape[1]
+                comps = engine_components(bundle)
+                size = next(iter(comps.values())).size
                 for start in range(0, size, INPUT_CHUNK):
                     stop = min(size, start + INPUT_CHUNK)
                     for item in items:
@@ -323,9 +340,8 @@ def write_party_input(
         if memory is None:
             raise ParameterError(f"{security.value} needs the memory file's path")
         memory.parent.mkdir(parents=True, exist_ok=True)
-        size = sum(b.shape[0] * b.shape[1] for b in bundles)
-        write_spdzwise_memory(memory, size, [(b.components[own], b.components[prev])
-                                             for b in bundles])
+        pairs = [(c[own], c[prev]) for c in map(engine_components, bundles)]
+        write_spdzwise_memory(memory, sum(a.size for a, _ in pairs), pairs)
         return
     if persistence is None:
         raise ParameterError(f"{security.value} needs the persistence file's path")
@@ -333,8 +349,8 @@ def write_party_input(
     with open(persistence, "wb") as fh:
         fh.write(REP3_HEADER)
         for bundle in bundles:
-            a = bundle.components[own].reshape(-1)
-            b = bundle.components[prev].reshape(-1)
+            comps = engine_components(bundle)
+            a, b = comps[own], comps[prev]
             step = _WRITE_ROWS * max(1, bundle.shape[1])
             for start in range(0, a.size, step):
                 pair = np.empty((min(step, a.size - start), 2), dtype="<u8")
