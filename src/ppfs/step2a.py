@@ -14,7 +14,7 @@ the one-hot matrix L (m x (n-1)) and k:
    their side would be decided by rounding. Computed as x > theta' with the public
    divisor m: theta' = floor((S + m) / m) by secure long division over the p
    columns (V + 1 quotient bits; MP-SPDZ takes four per step), then one comparison
-   of bit length V + 2 per entry, batched (for integer x, x > r/m <=> x > floor(r/m)).
+   of bit length V + 1 per entry, batched (for integer x, x > r/m <=> x > floor(r/m)).
 2. Class counts by secure products (cost per output, not per instance):
    b = 1^T GT, B = L^T GT, a = m - b, A_c = colsum(L)_c - B_c, and the n-th class
    from a and b.
@@ -187,8 +187,10 @@ class Step2AShape:
 
     @property
     def split_bits(self) -> int:
-        """Bit length of x - theta' (signed): |x| < 2^(V-1), theta' in (-2^(V-1), 2^(V-1)+1]."""
-        return self.value_bits + 2
+        """Bit length of theta' - x (signed). |x| <= 2^(V-1) - 1, so the mean S/m is too
+        and theta' = floor(S/m) + 1 lies in [2 - 2^(V-1), 2^(V-1)]: theta' - x lies in
+        [3 - 2^V, 2^V - 1], inside the V + 1 bits' [-2^V, 2^V)."""
+        return self.value_bits + 1
 
     @property
     def score_frac_bits(self) -> int:
