@@ -151,6 +151,7 @@ def test_party_input_file_is_components_in_program_order(
     # a chunk of 5 entries (the program's is 2^17) so that 21 data entries take five
     # chunks and each party's items interleave chunk by chunk
     monkeypatch.setattr(mpspdz, "INPUT_CHUNK", 5)
+    monkeypatch.setattr(mpspdz, "_WRITE_ENTRIES", 7)   # passive 3PC: several writes too
     table = make_table(7, 3, n_classes=3, seed=2)
     prep = prepare_inputs(table, 2, security, tmp_path)
     shape = prep.inputs.shape

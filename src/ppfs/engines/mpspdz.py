@@ -228,7 +228,7 @@ REP3_HEADER = (
     (len(_REP3_SIGNATURE) + 4).to_bytes(8, "little") + _REP3_SIGNATURE
     + (64).to_bytes(4, "little")
 )
-_WRITE_ROWS = 1 << 16  # rows per write when interleaving a share's two components
+_WRITE_ENTRIES = 1 << 22  # entries per write when interleaving a share's two components
 # entries per input chunk: step2a.mpc's CHUNK (its inputs go this many at a time)
 INPUT_CHUNK = 1 << 17
 
@@ -278,15 +278,22 @@ def engine_components(bundle: ShareBundle) -> dict[int, np.ndarray]:
     return {j: c[:, 0] + (c[:, 1] << shift) for j, c in comps.items()}  # wraps mod 2^64
 
 
+Given = list[tuple[str, dict[int, np.ndarray]]]  # (kind, engine_components) per bundle
+
+
 def component_digest(bundles: Sequence[ShareBundle], component: int) -> list[int]:
     """SHA-256 of one share component as the party gives it to MP-SPDZ
     (:func:`engine_components`) over the data, labels and mask bundles, as
     :data:`DIGEST_WORDS` little-endian 64-bit words. Both holders of the component
     compute it from their copies; the program opens the difference of the two."""
+    return _digest([(b.kind, engine_components(b)) for b in bundles], component)
+
+
+def _digest(given: Given, component: int) -> list[int]:
     h = hashlib.sha256(b"ppfs share component v2\0" + component.to_bytes(4, "little"))
-    for bundle in bundles:
-        words = engine_components(bundle)[component]
-        h.update(bundle.kind.encode() + b"\0" + words.size.to_bytes(8, "little"))
+    for kind, comps in given:
+        words = comps[component]
+        h.update(kind.encode() + b"\0" + words.size.to_bytes(8, "little"))
         h.update(words.data)
     raw = h.digest()
     return [int.from_bytes(raw[8 * w:8 * w + 8], "little") for w in range(DIGEST_WORDS)]
@@ -313,6 +320,7 @@ def write_party_input(
     of the party's own component c_i and of c_{i-1}.
     """
     bundles = _checked_bundles(security, shape, party, party_dir)
+    given: Given = [(b.kind, engine_components(b)) for b in bundles]
     out.parent.mkdir(parents=True, exist_ok=True)
     if not 0 <= session_tag < 1 << 63:
         raise ParameterError("the session tag must be a 63-bit value")
@@ -321,12 +329,10 @@ def write_party_input(
         own, prev = party, (party - 1) % security.parties
         if security in MEMORY_INPUT:
             for j in (own, prev):
-                fh.write(b"".join(w.to_bytes(8, "little")
-                                  for w in component_digest(bundles, j)))
+                fh.write(b"".join(w.to_bytes(8, "little") for w in _digest(given, j)))
         elif security not in PERSISTED:
             items = input_plan(security).party_items(party)
-            for bundle in bundles:
-                comps = engine_components(bundle)
+            for _, comps in given:
                 size = next(iter(comps.values())).size
                 for start in range(0, size, INPUT_CHUNK):
                     stop = min(size, start + INPUT_CHUNK)
@@ -340,7 +346,7 @@ def write_party_input(
         if memory is None:
             raise ParameterError(f"{security.value} needs the memory file's path")
         memory.parent.mkdir(parents=True, exist_ok=True)
-        pairs = [(c[own], c[prev]) for c in map(engine_components, bundles)]
+        pairs = [(comps[own], comps[prev]) for _, comps in given]
         write_spdzwise_memory(memory, sum(a.size for a, _ in pairs), pairs)
         return
     if persistence is None:
@@ -348,14 +354,13 @@ def write_party_input(
     persistence.parent.mkdir(parents=True, exist_ok=True)
     with open(persistence, "wb") as fh:
         fh.write(REP3_HEADER)
-        for bundle in bundles:
-            comps = engine_components(bundle)
+        for _, comps in given:
             a, b = comps[own], comps[prev]
-            step = _WRITE_ROWS * max(1, bundle.shape[1])
-            for start in range(0, a.size, step):
-                pair = np.empty((min(step, a.size - start), 2), dtype="<u8")
-                pair[:, 0] = a[start:start + step]
-                pair[:, 1] = b[start:start + step]
+            for start in range(0, a.size, _WRITE_ENTRIES):
+                stop = min(a.size, start + _WRITE_ENTRIES)
+                pair = np.empty((stop - start, 2), dtype="<u8")
+                pair[:, 0] = a[start:stop]
+                pair[:, 1] = b[start:stop]
                 fh.write(pair.tobytes())
 
 
