@@ -64,7 +64,8 @@ def oracle_gap(sel: Selection, table: LabelledTable, k: int, params: TrainParams
     w_ref = ref.weights.astype(float) / 2**c.frac
     tol = step2b.weight_tolerance(ref.steps, params, k,
                                   float(np.abs(ref.z.astype(float)).max()) / 2**c.frac,
-                                  float(np.abs(w_ref).max()))
+                                  float(np.abs(w_ref).max()), fwd_unit=ref.fwd_unit,
+                                  step_rel=ref.step_rel)
     return float(np.abs(w_mpc - w_ref).max()), tol
 
 

@@ -165,6 +165,8 @@ def test_service_training_job_delivers_only_the_model(tmp_path: Path, engine: st
             k,
             z_max=float(np.abs(tr.z.astype(float)).max()) / 2**16,
             w_max=float(np.abs(w_ref).max()),
+            fwd_unit=tr.fwd_unit,
+            step_rel=tr.step_rel,
         )
         ratio = np.abs(tr.ratio.astype(float)).sum() / 2**16
         beta_ref = np.ldexp(tr.beta.astype(float), -16)

@@ -7,14 +7,11 @@ only difference is rounding: the engines truncate probabilistically (a / 2^f rou
 down or up, at random), the mirror rounds down. (MP-SPDZ in active 3PC truncates
 exactly, rounding down as the mirror does, in the sequential steps on few values: per
 column and per SGD step, where its exact truncation takes fewer rounds; and the m*k
-truncations of the standardisation, steps 2 and 5, with a cheaper mask that leaves
-them -1 to +2 units off the floor, without bias. Its SGD step also rounds two values
-in one truncation where the mirror has two, each the mirror's value or one unit above:
-the sigmoid's linear parts, trunc(q * slope, 2F) with q = Z_b W + 2^F w0 (its pieces
-are chosen on q, exactly: [trunc(q, F) <= cut] = [q < (cut + 1) 2^F]); and the
-weight update as trunc(Z_b^T e * eta_b, F + 20) when every batch has eta_b <= 2^20 and
-b * 2 (isqrt(m) + 1) 2^(2F) * eta_b < 2^62, a bound on |Z_b^T e * eta_b| (|z| below
-:func:`z_bits`' bound, |e| <= 2^F).) The tests bound the effect (see
+truncations of the standardisation, step 2, with a cheaper mask that leaves them -1
+to +2 units off the floor, without bias. Its SGD step takes the sigmoid's linear parts
+as trunc(q * slope, Q + F) where the mirror has trunc(trunc(q, Q) * slope, F), the
+mirror's value or one unit above (its pieces are chosen on q, exactly:
+[trunc(q, Q) <= cut] = [q < (cut + 1) 2^Q]).) The tests bound the effect (see
 :func:`weight_tolerance`).
 
 Every value is an integer; "fixed point with F bits" means the integer round(v * 2^F).
@@ -43,22 +40,34 @@ them drop out). For each selected column r, with x the m encoded values:
    kappa = g * 2^(30-E) = 2^(F+31) / sigma. The secret power of two is linear in the
    comparison bits b_t (telescoping: 2^(30-E) = 2^30 - sum_t b_t 2^(30-t)): exact, no
    further comparison.
-5. z = trunc(c^ * kappa, 31): the standardised value with F bits, |z| <= sqrt(m).
-   |c^| <= sqrt(U) < sqrt(W), so |c^ * kappa| < sqrt(m) 2^(F+31) times one plus
-   kappa's relative error (below 2^-(F-3)), less than 2 (isqrt(m) + 1) 2^(F+31):
-   the product's signed bit length is at most :func:`z_bits` (56 for SPEED's m).
+5. c~ = c^ * 2^(30-E), exact (a product, no truncation): |c~| < 2^31, since
+   |c^| <= sqrt(U) < sqrt(W) < 2^(E+1). The standardised value with F bits is
+   z = c~ g / 2^31 = c^ kappa / 2^31 (|z| <= sqrt(m)); training never forms it: the
+   scale g goes into the weights instead (per SGD step k values, not m*k once).
 
 Training: one model per class against the rest (one model for two classes: class 1
 against class 0), all updated together. A public permutation of the rows from the
 job's seed (:func:`row_permutation`, affine: i -> (a i + b) mod m) is applied once;
 each epoch then visits the rows in that order in batches of B (the last batch of an
-epoch may be smaller). Per batch of size b, for all models at once (W: k x n_models
-weights, w0 intercepts, t targets in {0, 2^F}):
+epoch may be smaller). The state: w (k x n_models weights on z, F bits), w0
+(intercepts), and A, the forward weights on c~: A ~ g w / 2^S_A, so that
+C~ A ~ 2^(31 - S_A) Z w. Per batch of size b (C~_b its rows of c~, t targets in
+{0, 2^F}, eta_b = round(lr / b * 2^20)), for all models at once:
 
-    u = trunc(Z_b W, F) + w0
+    u = trunc(C~_b A, Q) + w0                    Q = F + 31 - S_A
     e = sig(u) - t
-    grad = [trunc(Z_b^T e, F) ; colsum(e)]
-    [W ; w0] -= trunc(grad * eta_b, 20),   eta_b = round(lr / b * 2^20)
+    h = C~_b^T e                                 exact, |h| < 2^(F+31) sqrt(b)
+    w <- w - trunc(h ge, S_U)
+    w0 <- w0 - trunc(colsum(e) eta_b, 20)
+    A <- trunc(g w, S_A)
+
+with the per-column step sizes ge = trunc(g eta_b, X), computed once per column and
+batch size (:func:`step_sizes`), and S_U = 51 + F - X, so that trunc(h ge, S_U) is
+Z_b^T e eta_b / 2^(F+20): the SGD step on z. The public shifts
+(:func:`training_shifts`): S_A the smallest keeping the forward sum below 2^61 for
+|z| < 2 (isqrt(m) + 1) and |w| up to the epoch's bound (:func:`check_shape`); X the
+smallest keeping |h ge| below 2^61. The cost: per SGD step k n_models more values
+truncated (A) than training on Z itself, against m*k truncations once to form Z.
 
 sig is MP-SPDZ's five-piece linear approximation (``ml.approx_sigmoid(n=5)``), with its
 constants rounded to F bits: 1e-4 below -5; 0.02776 u + 0.145 on [-5, -2.5);
@@ -93,8 +102,8 @@ run). Two checks; each reveals one public bit, "out of range", and nothing else:
 
 With both bits 0, every truncation acts on a value below 2^62 (bit length 63) and the
 comparisons of u (48 bits) are exact. The m*k truncations of the standardisation are
-sized to their values' bounds (``TrainConstants.centre_bits``, ``z_bits``): an engine
-whose truncation costs grow with the bit length may use them. The data owner's client
+sized to their values' bound (``TrainConstants.centre_bits``): an engine whose
+truncation costs grow with the bit length may use it. The data owner's client
 also refuses a column it can see is out of range (:func:`refuse_unstandardisable`)
 before anything starts.
 """
@@ -128,6 +137,7 @@ Y0 = (2.13, 1.21)  # 1/sqrt(v) ~ 2.13 - 1.21 v on [1/4, 1)
 RATIO_BITS = 15  # checked: |mu / sigma| < 2^15 for the selected non-constant columns
 WEIGHT_BITS = 10  # checked: |w|, |w0| < 2^weight_bits <= 2^10 in standardised units
 RANGE_CHECK_BITS = 63  # bit length of the range comparisons
+UPDATE_BASE = INV_SHIFT + ETA_FRAC  # the update's shift is UPDATE_BASE + F - X
 
 
 def splitmix64(state: int) -> tuple[int, int]:
@@ -236,11 +246,23 @@ class TrainConstants:
     ratio_limit: int  # 2^(F + RATIO_BITS)
     weight_limit: int  # 2^(F + weight_bits)
     centre_bits: int  # bit length of c = x - mu: V + 1
-    z_bits: int  # bit length of c^ * kappa (step 5)
+    fwd_shift: int  # S_A: the forward weights are a = g w / 2^S_A
+    eta_shift: int  # X: the per-column step sizes are ge = trunc(g eta, X)
+    upd_shift: int  # S_U = 51 + F - X: the weights' update is trunc(h ge, S_U)
 
     @property
     def alpha_frac(self) -> int:
         return self.frac + INV_SHIFT
+
+    @property
+    def q_shift(self) -> int:
+        """Q = F + 31 - S_A: u = trunc(q, Q) for q = C~_b a + 2^Q w0."""
+        return self.frac + INV_SHIFT - self.fwd_shift
+
+    @property
+    def g_bound(self) -> int:
+        """g < g_bound in every engine (y <= 2^(F+1) plus a few units of rounding)."""
+        return 2 * self.sqrt_m + (self.sqrt_m >> 8) + 16
 
     def batches(self) -> list[tuple[int, int, int]]:
         """(first row, size, scaled learning rate) of each batch of one epoch, in order,
@@ -262,7 +284,8 @@ class TrainConstants:
                 self.eta_last, self.perm_a, self.perm_b, self.y0_a, self.y0_b, self.cuts[2],
                 self.cuts[3],
                 self.tail, *self.slopes, *self.offsets, self.ratio_shift, self.ratio_limit,
-                self.weight_limit, self.centre_bits, self.z_bits]
+                self.weight_limit, self.centre_bits, self.fwd_shift, self.eta_shift,
+                self.upd_shift]
 
 
 def n_models(n_classes: int) -> int:
@@ -285,26 +308,62 @@ def constants(m: int, k: int, n_classes: int, value_bits: int,
 
     s = preshift(m, value_bits)
     sqrt_m = fx(math.sqrt(m))
+    eta_full = round(params.lr / b * (1 << ETA_FRAC))
+    eta_last = round(params.lr / last * (1 << ETA_FRAC)) if last else 0
+    sa, x = training_shifts(m, k, params)
     return TrainConstants(
         m=m, k=k, n_models=n_models(n_classes), frac=f, preshift=s,
         sqrt_m=sqrt_m, epochs=params.epochs, batch=b, full_batches=full,
-        last_batch=last, eta_full=round(params.lr / b * (1 << ETA_FRAC)),
-        eta_last=round(params.lr / last * (1 << ETA_FRAC)) if last else 0,
+        last_batch=last, eta_full=eta_full, eta_last=eta_last,
         perm_a=perm_a, perm_b=perm_b, y0_a=fx(Y0[0]), y0_b=fx(Y0[1]),
         cuts=tuple(fx(c) for c in SIGMOID_CUTS), tail=fx(SIGMOID_TAIL),
         slopes=tuple(fx(s) for s in SIGMOID_SLOPES),
         offsets=tuple(fx(o) for o in SIGMOID_OFFSETS),
         ratio_shift=max(0, sqrt_m.bit_length() + 1 - s),
         ratio_limit=1 << (f + RATIO_BITS), weight_limit=1 << (f + params.weight_bits),
-        centre_bits=value_bits + 1, z_bits=z_bits(m, f),
+        centre_bits=value_bits + 1, fwd_shift=sa, eta_shift=x, upd_shift=UPDATE_BASE + f - x,
     )
 
 
-def z_bits(m: int, frac: int) -> int:
-    """Signed bit length of c^ * kappa in step 5: |c^ * kappa| < B = 2 (isqrt(m) + 1)
-    2^(F+31) (module docstring), and B <= 2^(bits - 1). At most 63 (m < 2^20, F <= 20)."""
-    bound = (math.isqrt(m) + 1) << (frac + INV_SHIFT + 1)
-    return (bound - 1).bit_length() + 1
+def g_bound(m: int, frac: int) -> int:
+    """An upper bound on g = trunc(y round(sqrt(m) 2^F), F) (:attr:`TrainConstants.g_bound`)."""
+    sqrt_m = round(math.sqrt(m) * (1 << frac))
+    return 2 * sqrt_m + (sqrt_m >> 8) + 16
+
+
+def weight_peak(m: int, params: TrainParams) -> float:
+    """Largest |w| (standardised units) within an epoch that starts in the checked range
+    (:func:`check_shape`)."""
+    b = min(params.batch, m)
+    full, last = divmod(m, b)
+    inv_sizes = full / b + (1 / last if last else 0.0)
+    steps = full + (1 if last else 0)
+    return (2.0 ** params.weight_bits + params.lr * math.sqrt(m * inv_sizes)
+            + steps * 2.0 ** (2 - params.frac_bits))
+
+
+def training_shifts(m: int, k: int, params: TrainParams) -> tuple[int, int]:
+    """(S_A, X): the forward weights' shift and the step sizes' (module docstring).
+
+    S_A is the smallest shift with 2^(31 - S_A) k 2 (isqrt(m) + 1) 2^(2F) w_peak <= 2^61
+    (the forward sum, |z| below 2 (isqrt(m) + 1) 2^F) and Q + F = 2F + 31 - S_A <= 61
+    (the sigmoid's linear parts from q, |q| < 6 2^Q where they count). X is the smallest
+    with 2^(F+31) sqrt(b) g_bound eta <= 2^61 for both batch sizes b (|h| < 2^(F+31)
+    sqrt(b)).
+    """
+    f = params.frac_bits
+    b = min(params.batch, m)
+    last = m % b
+    gb = g_bound(m, f)
+    fwd = 2 * f - 30 + math.log2(k * 2 * (math.isqrt(m) + 1) * weight_peak(m, params))
+    sa = max(0, 2 * f - 30, math.ceil(fwd))
+    x = 0
+    for size in (b, last):
+        if size:
+            eta = round(params.lr / size * (1 << ETA_FRAC))
+            while size * (gb * eta) ** 2 << (2 * (f + INV_SHIFT)) > 1 << (2 * (61 + x)):
+                x += 1
+    return sa, x
 
 
 def check_shape(m: int, k: int, params: TrainParams) -> None:
@@ -319,11 +378,15 @@ def check_shape(m: int, k: int, params: TrainParams) -> None:
     """
     b = min(params.batch, m)
     full, last = divmod(m, b)
-    inv_sizes = full / b + (1 / last if last else 0.0)
     steps = full + (1 if last else 0)
-    w_peak = (2.0 ** params.weight_bits + params.lr * math.sqrt(m * inv_sizes)
-              + steps * 2.0 ** (2 - params.frac_bits))
-    if k * math.sqrt(m) * w_peak * 2.0 ** (2 * params.frac_bits) >= 2.0 ** 62:
+    w_peak = weight_peak(m, params)
+    f = params.frac_bits
+    sa, x = training_shifts(m, k, params)
+    wide = (k * math.sqrt(m) * w_peak * 2.0 ** (2 * f) >= 2.0 ** 62
+            or g_bound(m, f) * w_peak * 2.0 ** f >= 2.0 ** 62          # g w
+            or w_peak * 2.0 ** (2 * f + INV_SHIFT - sa) >= 2.0 ** 60    # 2^Q w0
+            or UPDATE_BASE + f - x < ETA_FRAC or sa >= f + INV_SHIFT)
+    if wide:
         raise ParameterError(
             f"training {k} features on {m} rows in {steps} steps per epoch (lr {params.lr}) "
             f"could overflow the 64-bit fixed-point ring within one epoch; use a larger "
@@ -369,6 +432,8 @@ class TrainReference:
     beta: np.ndarray  # (n_models,) intercept in original units, F bits
     ratio: np.ndarray  # (k,) mu / sigma, F bits
     steps: int
+    fwd_unit: float  # max over the columns of 2^S_A / g: a unit of A in units of w
+    step_rel: float  # 1 / min(ge): a unit of the step sizes relative to them
     ratio_out_of_range: np.ndarray  # (k,) bool: the ratio check's flag per column
     weight_epoch: int | None  # first epoch at whose end the weight check failed
 
@@ -389,7 +454,8 @@ class Standardised:
     exponent: np.ndarray  # (k,) E
     g: np.ndarray  # (k,)
     kappa: np.ndarray  # (k,)
-    z: np.ndarray  # (m, k)
+    ct: np.ndarray  # (m, k) c~ = c^ 2^(30-E), |c~| < 2^31: what training reads
+    z: np.ndarray  # (m, k) trunc(c~ g, 31), the standardised values (for reference)
     ratio: np.ndarray  # (k,) mu / sigma, F bits
 
     def ratio_out_of_range(self, c: TrainConstants) -> np.ndarray:
@@ -414,10 +480,11 @@ def standardise_columns(reduced: np.ndarray, c: TrainConstants) -> Standardised:
         y = trunc(y * (3 * (1 << f) - vy2), f + 1)
     g = trunc(y * c.sqrt_m, f)
     kappa = g * p30
-    z = trunc(ch * kappa[None, :], INV_SHIFT)
+    ct = ch * p30[None, :]
+    z = trunc(ct * g[None, :], INV_SHIFT)
     ratio = trunc(trunc(trunc(mu, c.preshift) * p30, c.ratio_shift) * g,
                   INV_SHIFT - c.ratio_shift)
-    return Standardised(mu=mu, w=w, exponent=e, g=g, kappa=kappa, z=z, ratio=ratio)
+    return Standardised(mu=mu, w=w, exponent=e, g=g, kappa=kappa, ct=ct, z=z, ratio=ratio)
 
 
 def standardise(reduced: np.ndarray, c: TrainConstants, value_bits: int) -> tuple[
@@ -425,6 +492,13 @@ def standardise(reduced: np.ndarray, c: TrainConstants, value_bits: int) -> tupl
     """Steps 1-5: returns (mu, E, g, kappa, z) as object arrays."""
     st = standardise_columns(reduced, c)
     return st.mu, st.exponent, st.g, st.kappa, st.z
+
+
+def step_sizes(g: np.ndarray, c: TrainConstants) -> dict[int, np.ndarray]:
+    """Per batch learning rate eta: the per-column step sizes ge = trunc(g eta, X), as
+    object arrays."""
+    return {eta: trunc(g * eta, c.eta_shift)
+            for eta in {c.eta_full, *([c.eta_last] if c.last_batch else [])}}
 
 
 def weights_out_of_range(weights: np.ndarray, inter: np.ndarray, c: TrainConstants) -> bool:
@@ -444,24 +518,27 @@ def mirror(reduced: np.ndarray, y: np.ndarray, n_classes: int, value_bits: int,
     c = constants(m, k, n_classes, value_bits, params)
     f = c.frac
     st = standardise_columns(reduced, c)
-    mu, e, g, z = st.mu, st.exponent, st.g, st.z
+    mu, e, g = st.mu, st.exponent, st.g
     t = targets(np.asarray(y), n_classes, f)
     perm = row_permutation(m, params.seed)
-    zp, tp = z[perm], t[perm]
+    cp, tp = st.ct[perm], t[perm]
+    sizes = step_sizes(g, c)
+    gcol = g[:, None]
     weights = np.zeros((k, c.n_models), dtype=object)
+    fwd = np.zeros((k, c.n_models), dtype=object)  # a = g w / 2^S_A
     inter = np.zeros(c.n_models, dtype=object)
     steps = 0
     weight_epoch: int | None = None
     batches = c.batches()
     for epoch in range(c.epochs):
         for start, size, eta in batches:
-            zb, tb = zp[start:start + size], tp[start:start + size]
-            u = trunc(zb.dot(weights), f) + inter[None, :]
+            cb, tb = cp[start:start + size], tp[start:start + size]
+            u = trunc(cb.dot(fwd), c.q_shift) + inter[None, :]
             err = sigmoid_fx(u, c) - tb
-            grad_w = trunc(zb.T.dot(err), f)
-            grad_b = err.sum(axis=0)
-            weights = weights - trunc(grad_w * eta, ETA_FRAC)
-            inter = inter - trunc(grad_b * eta, ETA_FRAC)
+            h = cb.T.dot(err)
+            weights = weights - trunc(h * sizes[eta][:, None], c.upd_shift)
+            inter = inter - trunc(err.sum(axis=0) * eta, ETA_FRAC)
+            fwd = trunc(weights * gcol, c.fwd_shift)
             steps += 1
         if weight_epoch is None and weights_out_of_range(weights, inter, c):
             weight_epoch = epoch
@@ -469,9 +546,13 @@ def mirror(reduced: np.ndarray, y: np.ndarray, n_classes: int, value_bits: int,
     mant = trunc(weights * g[:, None], f)
     alpha = trunc(mant * p30[:, None], c.preshift)
     beta = inter - trunc(weights * st.ratio[:, None], f).sum(axis=0)
-    return TrainReference(mu=mu, exponent=e, kappa=st.kappa, z=z, weights=weights,
+    return TrainReference(mu=mu, exponent=e, kappa=st.kappa, z=st.z, weights=weights,
                           intercepts=inter, alpha=alpha, beta=beta, ratio=st.ratio,
-                          steps=steps, ratio_out_of_range=st.ratio_out_of_range(c),
+                          steps=steps,
+                          fwd_unit=max(2.0 ** c.fwd_shift / int(v) for v in g),
+                          step_rel=max(1 / max(1, int(v)) for ge in sizes.values()
+                                       for v in ge),
+                          ratio_out_of_range=st.ratio_out_of_range(c),
                           weight_epoch=weight_epoch)
 
 
@@ -589,23 +670,30 @@ def decode_model(alpha_full: np.ndarray, beta: np.ndarray, exponents: np.ndarray
 
 
 def weight_tolerance(steps: int, params: TrainParams, k: int, z_max: float,
-                     w_max: float) -> float:
+                     w_max: float, *, fwd_unit: float, step_rel: float) -> float:
     """Bound on |w_MPC - w_mirror| (standardised units) from rounding alone.
 
-    Each probabilistic truncation in MPC differs from the mirror's (rounding down) by
-    at most one unit 2^-F (two for the standardisation's in active 3PC with MP-SPDZ,
-    and one for each of the values that active 3PC rounds in one truncation where the
-    mirror has two: the sigmoid's linear part, as if truncated probabilistically, and
-    the weight update, within the update's two units below).
-    The standardisation puts at most a few units into each z
-    (kappa carries the Newton steps' and g's errors, relative 2^-(F-3); z's own
-    truncation one unit). Per SGD step, for one weight:
+    ``fwd_unit``: what one unit of the forward weights A is in units 2^-F of w, the
+    largest 2^S_A / g over the columns; ``step_rel``: one unit of the step sizes ge
+    relative to them, 1 / min(ge) (:attr:`TrainReference.fwd_unit`, ``step_rel``).
 
-    - the update's two truncations (gradient, then times eta): 2 units;
-    - the forward pass: u = z.w + w0 differs by at most (k + 1) * (1 + w_max) units
-      (one unit from its truncation, k z-errors times |w|), which moves sig by at
-      most 0.17 times that (the largest slope); the gradient averages b such terms
-      times |z| <= z_max and is scaled by lr: lr * 0.17 * z_max * (k + 1) * (1 + w_max).
+    Each probabilistic truncation in MPC differs from the mirror's (rounding down) by
+    at most one unit (two for the standardisation's pre-shift in active 3PC with
+    MP-SPDZ, and one for the sigmoid's linear part that active 3PC takes from the
+    untruncated product). The standardisation puts at most a few units into each z
+    (g carries the Newton steps' errors, relative 2^-(F-3); c^ its pre-shift's, well
+    below a unit of z). Per SGD step, for one weight:
+
+    - the updates' truncations (weights and intercepts): 2 units;
+    - the step size ge, off by a unit: step_rel of a step, and a step moves w by at
+      most lr z_max 2^F units (|e| <= 1);
+    - the forward pass: u = trunc(C~_b A, Q) + w0 differs by at most
+      (k + 1) (1 + w_max) units (one from its truncation, k z-errors times |w|) plus
+      A's rounding, a unit of A, i.e. fwd_unit units of w, times |z| <= z_max in each
+      of the k terms. That moves sig by at most 0.17 times as much (the largest
+      slope), sig's own rounding adds a unit, and the gradient averages b such terms
+      times |z| <= z_max, scaled by lr:
+      lr z_max (1 + 0.17 ((k + 1) (1 + w_max) + k z_max fwd_unit)).
 
     The SGD map w -> w - eta grad(w) is non-expansive for the step sizes used
     (eta * 0.17 * |z|^2 < 2), so the per-step differences add at most linearly:
@@ -613,5 +701,6 @@ def weight_tolerance(steps: int, params: TrainParams, k: int, z_max: float,
     approximation jumps by 0.006) adds lr * 0.006 * z_max; one flip is allowed for.
     """
     unit = 2.0 ** -params.frac_bits
-    per_step = 2 + params.lr * 0.17 * z_max * (k + 1) * (1 + w_max)
+    forward = (k + 1) * (1 + w_max) + k * z_max * fwd_unit
+    per_step = 2 + params.lr * z_max * (1 + step_rel / unit + 0.17 * forward)
     return steps * per_step * unit + params.lr * 0.006 * z_max

@@ -722,7 +722,6 @@ async def train_logistic(
         vy2 = _trunc(rt, v * _trunc(rt, y * y, f), f)
         y = _trunc(rt, y * (3 * one - vy2), f + 1)
     g = await _settle(rt, secint, _trunc(rt, y * c.sqrt_m, f))
-    kappa = g * p30
     # mu / sigma without leaving 2^62, and the ratio check (one public bit)
     t_r = c.ratio_shift
     ratio = await _settle(rt, secint, _trunc(
@@ -733,16 +732,21 @@ async def train_logistic(
     const, below, above_neg = cmp[:k], cmp[k:2 * k], cmp[2 * k:]
     flags = (1 - const) * ((1 - below) + above_neg)  # non-constant and |ratio| >= lim
     await _open_range_bit(rt, flags.sum(), 2 * k, "ratio")
-    # 5. z, targets, the public batch order
-    z = await _settle(rt, secint, _trunc(rt, ch * kappa.reshape(1, k), inv))
+    # 5. c~ = c^ 2^(30-E) (exact), targets, the public batch order, the step sizes
+    ct = await _settle(rt, secint, ch * p30.reshape(1, k))
     if sh.n_classes == 2:
         t = (1 - lab[:, 0]).reshape(m, 1) * one
     else:
         rest = (1 - lab.sum(axis=1)).reshape(m, 1)
         t = rt.np_concatenate([lab, rest], axis=1) * one
     perm = np.asarray(step2b.row_permutation(m, params.seed), dtype=np.int64)
-    zp = z[perm]
+    cp = ct[perm]
     tp = await _settle(rt, secint, t[perm])
+    sizes = {}
+    for eta in {b[2] for b in c.batches()}:
+        ge = await _settle(rt, secint, _trunc(rt, g * eta, c.eta_shift))
+        sizes[eta] = ge.reshape(k, 1)
+    gcol = g.reshape(k, 1)
 
     def sigmoid(u: Any) -> Any:
         n = u.shape
@@ -759,21 +763,22 @@ async def train_logistic(
         return s.reshape(n)
 
     weights = secint.array(np.zeros((k, nm), dtype=object))
+    fwd = secint.array(np.zeros((k, nm), dtype=object))  # A ~ g w / 2^S_A
     inter = secint.array(np.zeros(nm, dtype=object))
     batches = c.batches()
     wl = c.weight_limit
     out_of_range = secint(0)  # number of weight-check failures, opened only as [> 0]
     for _ in range(c.epochs):
         for start, size, eta in batches:
-            zb, tb = zp[start:start + size], tp[start:start + size]
-            u = _trunc(rt, zb @ weights, f) + inter.reshape(1, nm)
+            cb, tb = cp[start:start + size], tp[start:start + size]
+            u = _trunc(rt, cb @ fwd, c.q_shift) + inter.reshape(1, nm)
             err = sigmoid(u) - tb
-            grad_w = _trunc(rt, zb.T @ err, f)
             grad_b = err.sum(axis=0)
             weights = await _settle(rt, secint,
-                                    weights - _trunc(rt, grad_w * eta, step2b.ETA_FRAC))
+                                    weights - _trunc(rt, cb.T @ err * sizes[eta], c.upd_shift))
             inter = await _settle(rt, secint,
                                   inter - _trunc(rt, grad_b * eta, step2b.ETA_FRAC))
+            fwd = await _settle(rt, secint, _trunc(rt, weights * gcol, c.fwd_shift))
         # the weight check at the end of the epoch: [|v| >= 2^weight_bits]
         wv = rt.np_concatenate([weights.reshape(-1), inter])
         lt = rt.np_sgn(rt.np_concatenate([wv - wl, wv + (wl - 1)]),
