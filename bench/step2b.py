@@ -62,10 +62,7 @@ def oracle_gap(sel: Selection, table: LabelledTable, k: int, params: TrainParams
     w_mpc = alpha_full[sel.indices].astype(float) * 2.0**c.preshift \
         / ref.kappa.astype(float)[:, None]
     w_ref = ref.weights.astype(float) / 2**c.frac
-    tol = step2b.weight_tolerance(ref.steps, params, k,
-                                  float(np.abs(ref.z.astype(float)).max()) / 2**c.frac,
-                                  float(np.abs(w_ref).max()), fwd_unit=ref.fwd_unit,
-                                  step_rel=ref.step_rel)
+    tol = step2b.weight_tolerance(ref, params)
     return float(np.abs(w_mpc - w_ref).max()), tol
 
 

@@ -312,10 +312,7 @@ def _check_against_oracle(sel: Selection, table: LabelledTable, k: int,
     kappa = ref.kappa.astype(float)[:, None]
     w_mpc = alpha_full[sel.indices].astype(float) * 2.0**c.preshift / kappa
     w_ref = ref.weights.astype(float) / 2**c.frac
-    tol = step2b.weight_tolerance(ref.steps, params, k,
-                                  z_max=float(np.abs(ref.z.astype(float)).max()) / 2**c.frac,
-                                  w_max=float(np.abs(w_ref).max()), fwd_unit=ref.fwd_unit,
-                                  step_rel=ref.step_rel)
+    tol = step2b.weight_tolerance(ref, params)
     diff = float(np.abs(w_mpc - w_ref).max())
     assert diff <= tol, (diff, tol)
     ratio = np.abs(ref.ratio.astype(float)).sum() / 2**c.frac

@@ -432,8 +432,9 @@ class TrainReference:
     beta: np.ndarray  # (n_models,) intercept in original units, F bits
     ratio: np.ndarray  # (k,) mu / sigma, F bits
     steps: int
-    fwd_unit: float  # max over the columns of 2^S_A / g: a unit of A in units of w
+    fwd_row: float  # max over the rows of sum_r |c~_r| / 2^Q: a unit of A in u, at most
     step_rel: float  # 1 / min(ge): a unit of the step sizes relative to them
+    path: int  # sum over the SGD steps of the largest |step| of a weight (units 2^-F)
     ratio_out_of_range: np.ndarray  # (k,) bool: the ratio check's flag per column
     weight_epoch: int | None  # first epoch at whose end the weight check failed
 
@@ -527,7 +528,7 @@ def mirror(reduced: np.ndarray, y: np.ndarray, n_classes: int, value_bits: int,
     weights = np.zeros((k, c.n_models), dtype=object)
     fwd = np.zeros((k, c.n_models), dtype=object)  # a = g w / 2^S_A
     inter = np.zeros(c.n_models, dtype=object)
-    steps = 0
+    steps = path = 0
     weight_epoch: int | None = None
     batches = c.batches()
     for epoch in range(c.epochs):
@@ -536,7 +537,9 @@ def mirror(reduced: np.ndarray, y: np.ndarray, n_classes: int, value_bits: int,
             u = trunc(cb.dot(fwd), c.q_shift) + inter[None, :]
             err = sigmoid_fx(u, c) - tb
             h = cb.T.dot(err)
-            weights = weights - trunc(h * sizes[eta][:, None], c.upd_shift)
+            step = trunc(h * sizes[eta][:, None], c.upd_shift)
+            path += max(abs(int(v)) for v in step.reshape(-1))
+            weights = weights - step
             inter = inter - trunc(err.sum(axis=0) * eta, ETA_FRAC)
             fwd = trunc(weights * gcol, c.fwd_shift)
             steps += 1
@@ -549,7 +552,9 @@ def mirror(reduced: np.ndarray, y: np.ndarray, n_classes: int, value_bits: int,
     return TrainReference(mu=mu, exponent=e, kappa=st.kappa, z=st.z, weights=weights,
                           intercepts=inter, alpha=alpha, beta=beta, ratio=st.ratio,
                           steps=steps,
-                          fwd_unit=max(2.0 ** c.fwd_shift / int(v) for v in g),
+                          path=path,
+                          fwd_row=max(float(sum(abs(int(v)) for v in row))
+                                      for row in st.ct) / 2.0 ** c.q_shift,
                           step_rel=max(1 / max(1, int(v)) for ge in sizes.values()
                                        for v in ge),
                           ratio_out_of_range=st.ratio_out_of_range(c),
@@ -669,38 +674,41 @@ def decode_model(alpha_full: np.ndarray, beta: np.ndarray, exponents: np.ndarray
                  params=params)
 
 
-def weight_tolerance(steps: int, params: TrainParams, k: int, z_max: float,
-                     w_max: float, *, fwd_unit: float, step_rel: float) -> float:
-    """Bound on |w_MPC - w_mirror| (standardised units) from rounding alone.
-
-    ``fwd_unit``: what one unit of the forward weights A is in units 2^-F of w, the
-    largest 2^S_A / g over the columns; ``step_rel``: one unit of the step sizes ge
-    relative to them, 1 / min(ge) (:attr:`TrainReference.fwd_unit`, ``step_rel``).
+def weight_tolerance(ref: TrainReference, params: TrainParams) -> float:
+    """Bound on |w_MPC - w_mirror| (standardised units) from rounding alone, for the
+    mirror's run ``ref``.
 
     Each probabilistic truncation in MPC differs from the mirror's (rounding down) by
     at most one unit (two for the standardisation's pre-shift in active 3PC with
     MP-SPDZ, and one for the sigmoid's linear part that active 3PC takes from the
     untruncated product). The standardisation puts at most a few units into each z
     (g carries the Newton steps' errors, relative 2^-(F-3); c^ its pre-shift's, well
-    below a unit of z). Per SGD step, for one weight:
+    below a unit of z). With k the features, z_max = max |z| and w_max = max |w|
+    (standardised), per SGD step, for one weight:
 
     - the updates' truncations (weights and intercepts): 2 units;
-    - the step size ge, off by a unit: step_rel of a step, and a step moves w by at
-      most lr z_max 2^F units (|e| <= 1);
     - the forward pass: u = trunc(C~_b A, Q) + w0 differs by at most
       (k + 1) (1 + w_max) units (one from its truncation, k z-errors times |w|) plus
-      A's rounding, a unit of A, i.e. fwd_unit units of w, times |z| <= z_max in each
-      of the k terms. That moves sig by at most 0.17 times as much (the largest
+      A's rounding, a unit of each A: at most fwd_row units (the largest sum_r |c~_r|
+      / 2^Q over the rows). That moves sig by at most 0.17 times as much (the largest
       slope), sig's own rounding adds a unit, and the gradient averages b such terms
       times |z| <= z_max, scaled by lr:
-      lr z_max (1 + 0.17 ((k + 1) (1 + w_max) + k z_max fwd_unit)).
+      per_step = 2 + lr z_max (1 + 0.17 ((k + 1) (1 + w_max) + fwd_row)).
 
     The SGD map w -> w - eta grad(w) is non-expansive for the step sizes used
     (eta * 0.17 * |z|^2 < 2), so the per-step differences add at most linearly:
-    steps * per_step units. A piece of the sigmoid that flips at u = +-5 (where the
-    approximation jumps by 0.006) adds lr * 0.006 * z_max; one flip is allowed for.
+    steps * per_step units. The step sizes ge, where an engine's g differs from the
+    mirror's, may be a unit off: step_rel (1 / min(ge)) of each step, whose sum is the
+    mirror's path (the sum of its largest steps) plus at most per_step more per step.
+    A piece of the sigmoid that flips at u = +-5 (where the approximation jumps by
+    0.006) adds lr * 0.006 * z_max; one flip is allowed for.
     """
-    unit = 2.0 ** -params.frac_bits
-    forward = (k + 1) * (1 + w_max) + k * z_max * fwd_unit
-    per_step = 2 + params.lr * z_max * (1 + step_rel / unit + 0.17 * forward)
-    return steps * per_step * unit + params.lr * 0.006 * z_max
+    f = params.frac_bits
+    unit = 2.0 ** -f
+    k = ref.weights.shape[0]
+    z_max = float(np.abs(ref.z.astype(float)).max()) * unit
+    w_max = float(np.abs(ref.weights.astype(float)).max()) * unit
+    forward = (k + 1) * (1 + w_max) + ref.fwd_row
+    per_step = 2 + params.lr * z_max * (1 + 0.17 * forward)
+    rounding = ref.steps * per_step * (1 + ref.step_rel) + ref.step_rel * ref.path
+    return rounding * unit + params.lr * 0.006 * z_max
