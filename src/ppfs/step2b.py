@@ -261,8 +261,8 @@ class TrainConstants:
 
     @property
     def g_bound(self) -> int:
-        """g < g_bound in every engine (y <= 2^(F+1) plus a few units of rounding)."""
-        return 2 * self.sqrt_m + (self.sqrt_m >> 8) + 16
+        """g < g_bound in every engine (:func:`g_bound`)."""
+        return g_bound(self.m, self.frac)
 
     def batches(self) -> list[tuple[int, int, int]]:
         """(first row, size, scaled learning rate) of each batch of one epoch, in order,
@@ -326,7 +326,8 @@ def constants(m: int, k: int, n_classes: int, value_bits: int,
 
 
 def g_bound(m: int, frac: int) -> int:
-    """An upper bound on g = trunc(y round(sqrt(m) 2^F), F) (:attr:`TrainConstants.g_bound`)."""
+    """An upper bound on g = trunc(y round(sqrt(m) 2^F), F) in every engine: y <= 2^(F+1)
+    (v >= 1/4) plus a few units of the Newton steps' probabilistic rounding."""
     sqrt_m = round(math.sqrt(m) * (1 << frac))
     return 2 * sqrt_m + (sqrt_m >> 8) + 16
 
@@ -526,7 +527,7 @@ def mirror(reduced: np.ndarray, y: np.ndarray, n_classes: int, value_bits: int,
     sizes = step_sizes(g, c)
     gcol = g[:, None]
     weights = np.zeros((k, c.n_models), dtype=object)
-    fwd = np.zeros((k, c.n_models), dtype=object)  # a = g w / 2^S_A
+    fwd = np.zeros((k, c.n_models), dtype=object)  # A = trunc(g w, S_A)
     inter = np.zeros(c.n_models, dtype=object)
     steps = path = 0
     weight_epoch: int | None = None
