@@ -108,7 +108,7 @@ def test_standardisation_removes_the_column_scale() -> None:
 @pytest.mark.parametrize("m", [2, 7, 1000, 8378])
 def test_standardisation_values_fit_their_bit_lengths(m: int) -> None:
     """c = x - mu stays within centre_bits (the length the MP-SPDZ program truncates it
-    at), c~ below 2^31 and g below g_bound <= 2^S_A, also for the extreme columns: full
+    at), c~ below 2^31 and g below g_bound, also for the extreme columns: full
     range, one outlier (|c^| ~ sqrt(U), the largest |z|), constant, tiny spread."""
     rng = np.random.default_rng(m)
     lim = (1 << 31) - 1
