@@ -75,3 +75,18 @@ def test_read_peak_rss_of_nothing(tmp_path: Path) -> None:
     assert read_peak_rss(tmp_path / "absent") is None
     (tmp_path / "bad").write_text("lots\n")
     assert read_peak_rss(tmp_path / "bad") is None
+
+
+def test_launcher_imports_only_what_it_needs(tmp_path: Path) -> None:
+    """It runs once per party and job: modules such as pathlib or typing would each add
+    more to its start-up than the launcher's own work (``-X importtime`` lists every
+    module it loads)."""
+    peak = tmp_path / "peak"
+    proc = subprocess.run([LAUNCHER[0], "-X", "importtime", *LAUNCHER[1:], "--peak-rss",
+                           str(peak), SH, "-c", "exit 0"],
+                          check=True, timeout=60, capture_output=True, text=True)
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+              if line.startswith("import time:")}
+    assert "ctypes" in loaded  # the list is real: prctl needs ctypes
+    assert not loaded & {"pathlib", "typing", "contextlib", "signal", "enum"}
+    assert read_peak_rss(peak) is not None

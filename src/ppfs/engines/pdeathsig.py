@@ -16,14 +16,14 @@ same signal).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
-import signal
 import sys
-from pathlib import Path
 
+# The launcher runs once per party and job: as a script it imports no more than it
+# needs (pathlib, contextlib, signal and typing would double its start-up time).
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+SIGKILL = 9  # the signal number on Linux, the only system where prctl exists
 USAGE = "usage: python -m ppfs.engines.pdeathsig [--peak-rss FILE] PROGRAM [ARGS...]\n"
 
 
@@ -32,7 +32,7 @@ def _die_with_parent() -> bool:
     parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(PR_SET_PDEATHSIG, SIGKILL)
     except (OSError, AttributeError):
         pass  # not Linux: the launcher's own clean-up still applies
     return os.getppid() == parent
@@ -43,12 +43,12 @@ def _exec(argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    peak_file: Path | None = None
+    peak_file: str | None = None
     if argv[:1] == ["--peak-rss"]:
         if len(argv) < 2:
             sys.stderr.write(USAGE)
             return 2
-        peak_file, argv = Path(argv[1]), argv[2:]
+        peak_file, argv = argv[1], argv[2:]
     if not argv:
         sys.stderr.write(USAGE)
         return 2
@@ -65,8 +65,12 @@ def main(argv: list[str]) -> int:
         finally:
             os._exit(127)
     _, status, usage = os.wait4(child, 0)
-    peak_file.write_text(f"{usage.ru_maxrss * 1024}\n")  # Linux reports KiB
+    with open(peak_file, "w") as fh:
+        fh.write(f"{usage.ru_maxrss * 1024}\n")  # Linux reports KiB
     if os.WIFSIGNALED(status):
+        import contextlib
+        import signal
+
         sig = os.WTERMSIG(status)
         with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set
             signal.signal(sig, signal.SIG_DFL)
@@ -80,14 +84,15 @@ def command() -> list[str]:
     isolated mode without ``site`` (-I -S). It imports only the standard library, so
     it starts in about a quarter of the time ``-m`` takes through site-packages and
     the editable install's finder, once per party and job."""
-    return [sys.executable, "-I", "-S", str(Path(__file__).resolve())]
+    return [sys.executable, "-I", "-S", os.path.realpath(__file__)]
 
 
-def read_peak_rss(path: Path) -> int | None:
+def read_peak_rss(path: os.PathLike[str] | str) -> int | None:
     """The figure ``--peak-rss`` wrote, or None if there is none (the launcher was
     killed before its program ended)."""
     try:
-        text = path.read_text().strip()
+        with open(path) as fh:
+            text = fh.read().strip()
     except OSError:
         return None
     return int(text) if text.isdigit() else None
