@@ -23,7 +23,7 @@ from ppfs.engines.base import Step2AInputs
 from ppfs.engines.mpspdz import MpSpdzEngine, compile_args, subject_hash, write_party_input
 from ppfs.engines.mpspdz_check import check_spdzwise
 from ppfs.engines.registry import mpspdz_home
-from ppfs.errors import EngineError, IntegrityError
+from ppfs.errors import EngineError, IntegrityError, ShareFormatError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.local import prepare_inputs, run_select
 from ppfs.oracle import ms_gini_top_k
@@ -203,6 +203,36 @@ def test_party_input_file_is_components_in_program_order(
         else:
             np.testing.assert_array_equal(words, np.concatenate(expected))
             assert not persisted.exists()
+
+
+@pytest.mark.parametrize("security", SETTINGS)
+def test_bundles_handed_in_memory_give_the_same_input_and_the_same_checks(
+    security: Security, tmp_path: Path
+) -> None:
+    # a party daemon hands the engine its assembled bundles in memory: the engine's
+    # files are byte for byte those written from the same bundles on disk, and a
+    # bundle that is not this party's is refused all the same
+    table = make_table(9, 3, seed=4)
+    prep = prepare_inputs(table, 2, security, tmp_path)
+    shape, d = prep.inputs.shape, prep.inputs.party_dirs[1]
+    files = ("data.shr", "labels.shr", "mask.shr")
+    written = []
+    for way in ("disk", "memory"):
+        out, persisted, memory = (tmp_path / f"{name}-{way}" for name in
+                                  ("in", "Persistence", "Memory"))
+        given = [ShareBundle.load(d / f) for f in files] if way == "memory" else None
+        write_party_input(security, shape, 1, d if given is None else tmp_path / "none",
+                          out, 7, persisted, memory, given)
+        written.append([p.read_bytes() if p.exists() else None
+                        for p in (out, persisted, memory)])
+    assert written[0] == written[1] and sum(len(b) for b in written[0] if b) > 8 * 9 * 3
+    others = [ShareBundle.load(prep.inputs.party_dirs[0] / f) for f in files]
+    with pytest.raises(ShareFormatError, match="is not its data share"):
+        write_party_input(security, shape, 1, d, tmp_path / "x", 7, tmp_path / "xp",
+                          tmp_path / "xm", others)
+    with pytest.raises(ShareFormatError, match="needs data, labels and mask"):
+        write_party_input(security, shape, 1, d, tmp_path / "y", 7, tmp_path / "yp",
+                          tmp_path / "ym", others[:2])
 
 
 def test_input_chunk_is_the_programs() -> None:
@@ -441,8 +471,9 @@ def test_active_3pc_party_computing_on_an_altered_share_is_caught(
 
     def altered_memory(security: Security, shape: Step2AShape, i: int, d: Path, out: Path,
                        session_tag: int = 0, persistence: Path | None = None,
-                       memory: Path | None = None) -> None:
-        real(security, shape, i, d, out, session_tag, persistence, memory)
+                       memory: Path | None = None,
+                       bundles: list[ShareBundle] | None = None) -> None:
+        real(security, shape, i, d, out, session_tag, persistence, memory, bundles)
         if i == party:
             assert memory is not None
             with open(memory, "r+b") as fh:     # top byte of the last share's own component
@@ -517,8 +548,9 @@ def test_failing_party_is_named_and_all_stopped(
 
     def short_input(security: Security, shape: Step2AShape, party: int, d: Path,
                     out: Path, session_tag: int = 0, persistence: Path | None = None,
-                    memory: Path | None = None) -> None:
-        real(security, shape, party, d, out, session_tag, persistence, memory)
+                    memory: Path | None = None,
+                    bundles: list[ShareBundle] | None = None) -> None:
+        real(security, shape, party, d, out, session_tag, persistence, memory, bundles)
         if party == 1:  # Bob's input (his persisted shares / memory file) ends early
             short = (persistence if security in mpspdz.PERSISTED else
                      memory if security in mpspdz.MEMORY_INPUT else out)

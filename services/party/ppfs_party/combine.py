@@ -47,9 +47,12 @@ class JobInputs:
     shape: Step2AShape
     columns: tuple[str, ...]
     exponents: tuple[int, ...]
+    bundles: list[ShareBundle]  # this party's data, labels and mask, for the engine
 
 
 def _stack(parts: list[Components], axis: int) -> Components:
+    if len(parts) == 1:  # one upload: its components as loaded, not copied
+        return parts[0]
     return {j: np.concatenate([p[j] for p in parts], axis=axis) for j in parts[0]}
 
 
@@ -135,8 +138,10 @@ def pinned_plan(store: ShareStore, job: JobContract, party_name: str
 
 
 def assemble(store: ShareStore, job: JobContract, party: int, party_name: str,
-             out_dir: Path) -> JobInputs:
-    """Write this party's data.shr, labels.shr and mask.shr for the job to ``out_dir``."""
+             out_dir: Path | None = None) -> JobInputs:
+    """This party's data, labels and mask bundles for the job, in memory (the engine
+    takes them as they are: no copy on disk to write, read back and checksum again);
+    with ``out_dir``, also written there as data.shr, labels.shr and mask.shr."""
     security = job.security
     scheme = security.scheme
     parts = [_dataset_part(ups, scheme) for ups in pinned_uploads(store, job, party_name)]
@@ -166,11 +171,16 @@ def assemble(store: ShareStore, job: JobContract, party: int, party_name: str,
         raise ParameterError(
             f"the mask upload must hold {shape.outputs} mask words for {security.value}"
         )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # not synced to disk: a job's inputs do not outlive a restart (the job is failed
-    # and its inputs removed), and the uploads they come from are durable already
-    for kind, comps, frac in (("data", data, job.frac_bits), ("labels", labels, 0),
-                              ("mask", mask.components, 0)):
+    bundles = [
         ShareBundle(scheme, party, job.job_id, kind, next(iter(comps.values())).shape, frac,
-                    dict(comps)).save(out_dir / f"{kind}.shr", durable=False)
-    return JobInputs(shape, columns, exponents)
+                    dict(comps))
+        for kind, comps, frac in (("data", data, job.frac_bits), ("labels", labels, 0),
+                                  ("mask", mask.components, 0))
+    ]
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        # not synced to disk: a job's inputs do not outlive a restart (the job is failed
+        # and its inputs removed), and the uploads they come from are durable already
+        for b in bundles:
+            b.save(out_dir / f"{b.kind}.shr", durable=False)
+    return JobInputs(shape, columns, exponents, bundles)

@@ -8,10 +8,11 @@ this party's part in it (engine, index, its assigned MPC port), the pinned uploa
 every owner of a pinned upload signed, with its key registered here, a consent naming
 the job's recipient and key and what the job reveals; the mask upload was signed by
 that recipient for that key). The gateway's own checks are not relied on. It then
-records the job (queued, durably) and answers at once. Assembling the inputs and
-compiling the program are the job's first phases, reported as progress; a compile
-that finishes after the job was cancelled still lands in the engine's cache for the
-next job of the same program.
+records the job (queued, durably) and answers at once. Compiling the program is the
+job's first phase, reported as progress; a compile that finishes after the job was
+cancelled still lands in the engine's cache for the next job of the same program. The
+inputs are assembled (in memory, handed to the engine as they are) once the job may
+run, so that queued jobs hold none.
 
 Up to ``max_concurrent_jobs`` engines run at once (``--max-concurrent-jobs``, default
 1); a job beyond that stays queued ("waiting for the engine") until a run ends, and a
@@ -24,9 +25,10 @@ Its record is a JSON file ``<state>/jobs/<job_id>.json`` written atomically at e
 change; on start a job found queued or running is marked failed (kind "restarted"),
 never lost. A cancel for a job this party does not know yet leaves a record in state
 cancelled (a tombstone): a later StartJob with that id is refused. Each job has a
-working directory ``<state>/jobs/<job_id>/`` with its inputs (this party's share
-components, assembled locally) and the engine's directory; the opened masked words
-are kept in ``opened.u64`` until fetched.
+working directory ``<state>/jobs/<job_id>/`` with the engine's directory (and the
+job's inputs, this party's share components assembled locally, for an engine that
+reads them in another process); the opened masked words are kept in ``opened.u64``
+until fetched.
 
 Peers are dialled at the addresses the job lists for them, unless the daemon was
 told otherwise (``--mpc-dial``, :class:`ppfs_party.config.MpcDial`: a relay or a NAT
@@ -343,26 +345,30 @@ class JobRunner:
         job_dir = self.jobs_dir / job_id
         run: asyncio.Task[PartyRunResult] | None = None
         try:
-            await self._update(rec, phase="assembling inputs", progress=0.01)
-            inputs = await asyncio.to_thread(
-                assemble, self.store, job, index, self.settings.name, job_dir / "inputs")
-            await self._update(rec, phase="compiling", progress=0.02)
-            digest = await self._compile(engine, inputs.shape, job.security)
+            await self._update(rec, phase="compiling", progress=0.01)
+            digest = await self._compile(engine, job.shape, job.security)
             await self._update(rec, program_sha256=digest, phase="waiting for the engine",
-                               progress=0.03)
+                               progress=0.02)
             peers = tuple(parse_address(a) for a in job.peer_mpc_addresses)
-            spec = PartyRunSpec(
-                security=job.security, shape=inputs.shape, party=index,
-                input_dir=job_dir / "inputs", workdir=job_dir / "engine",
-                peers=peers, dial=self.settings.dial_for(peers),
-                tls=PartyTls(self.keys.mpc_key(job.engine), self.keys.mpc_cert(job.engine),
-                             self.keys.ca_path),
-                program_hash=digest, timeout=self.settings.job_timeout,
-                bind_host=self.settings.mpc_bind_host,
-                session_tag=job.session_tag(rec.description_sha256),
-            )
             port = self._ports.setdefault(rec.mpc_port, asyncio.Lock())
             async with port, self._slot:
+                # assembled once a run may start, so that a queue of jobs holds no
+                # inputs in memory; the engine takes the bundles as they are
+                await self._update(rec, phase="assembling inputs", progress=0.03)
+                inputs = await asyncio.to_thread(
+                    assemble, self.store, job, index, self.settings.name)
+                spec = PartyRunSpec(
+                    security=job.security, shape=inputs.shape, party=index,
+                    input_dir=job_dir / "inputs", workdir=job_dir / "engine",
+                    peers=peers, dial=self.settings.dial_for(peers),
+                    tls=PartyTls(self.keys.mpc_key(job.engine),
+                                 self.keys.mpc_cert(job.engine), self.keys.ca_path),
+                    program_hash=digest, timeout=self.settings.job_timeout,
+                    bind_host=self.settings.mpc_bind_host,
+                    session_tag=job.session_tag(rec.description_sha256),
+                    bundles=inputs.bundles,
+                )
+                del inputs
                 await self._update(rec, state=RUNNING, phase="starting", progress=0.04)
                 log.info("[Party.job] job=%s running", job_id)
                 pending: list[str] = []

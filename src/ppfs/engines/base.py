@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from ppfs.errors import ParameterError
+from ppfs.sharing import ShareBundle
 from ppfs.step2a import Security, Step2AShape
 
 PARTY_NAMES = ("Alice", "Bob", "Carol", "Dave")
@@ -104,10 +105,36 @@ class PartyRunSpec:
     # Where this party dials each peer, when that differs from ``peers`` (a relay or a
     # NAT in between); its own entry must be ``peers[party]``. None: dial ``peers``.
     dial: tuple[tuple[str, int], ...] | None = None
+    # This party's data, labels and mask bundles in memory, as a party daemon assembles
+    # them for the job; None: read them from ``input_dir``. The engine takes them once
+    # (:meth:`take_bundles`), so that nothing holds them while the run lasts; one that
+    # reads its inputs in another process writes them to ``input_dir`` instead
+    # (:meth:`write_input_files`).
+    bundles: list[ShareBundle] | None = None
 
     @property
     def name(self) -> str:
         return PARTY_NAMES[self.party]
+
+    def take_bundles(self) -> list[ShareBundle] | None:
+        """The bundles handed over in memory (None if there are none), emptying
+        :attr:`bundles`: a second call finds none."""
+        if self.bundles is None:
+            return None
+        taken = list(self.bundles)
+        self.bundles.clear()
+        return taken
+
+    def write_input_files(self) -> None:
+        """Save the bundles handed over in memory (if any) to ``input_dir`` as
+        data.shr, labels.shr and mask.shr, not synced to disk: they live only as long as
+        the run."""
+        bundles = self.take_bundles()
+        if bundles is None:
+            return
+        self.input_dir.mkdir(parents=True, exist_ok=True)
+        for b in bundles:
+            b.save(self.input_dir / f"{b.kind}.shr", durable=False)
 
     def dial_addresses(self) -> tuple[tuple[str, int], ...]:
         """The addresses this party dials: ``dial`` when given, else ``peers``. The party

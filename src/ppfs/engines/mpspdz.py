@@ -238,14 +238,19 @@ def persistence_file(workdir: Path, party: int) -> Path:
 
 
 def _checked_bundles(
-    security: Security, shape: Step2AShape, party: int, party_dir: Path
+    security: Security, shape: Step2AShape, party: int, party_dir: Path,
+    given: Sequence[ShareBundle] | None = None,
 ) -> list[ShareBundle]:
-    """The party's data, labels and mask bundles, checked against the job's shape."""
+    """The party's data, labels and mask bundles (``given``, else loaded from
+    ``party_dir``), checked against the job's shape."""
     expected = matrix_shapes(shape)
+    if given is not None and len(given) != len(INPUT_FILES):
+        raise ShareFormatError(f"{PARTY_NAMES[party]} needs data, labels and mask bundles")
     dataset_id: str | None = None
     bundles = []
-    for kind, fname in zip(("data", "labels", "mask"), INPUT_FILES, strict=True):
-        bundle = ShareBundle.load(party_dir / fname)
+    for n, (kind, fname) in enumerate(zip(("data", "labels", "mask"), INPUT_FILES,
+                                          strict=True)):
+        bundle = ShareBundle.load(party_dir / fname) if given is None else given[n]
         if bundle.kind != kind or bundle.party != party or bundle.scheme != security.scheme:
             raise ShareFormatError(
                 f"{PARTY_NAMES[party]}'s {fname} is not its {kind} share for {security.value}"
@@ -302,8 +307,10 @@ def _digest(given: Given, component: int) -> list[int]:
 def write_party_input(
     security: Security, shape: Step2AShape, party: int, party_dir: Path, out: Path,
     session_tag: int = 0, persistence: Path | None = None, memory: Path | None = None,
+    bundles: Sequence[ShareBundle] | None = None,
 ) -> None:
-    """Write party ``party``'s MP-SPDZ input from its share bundles.
+    """Write party ``party``'s MP-SPDZ input from its share bundles (``bundles`` in
+    memory, else those in ``party_dir``).
 
     The input file ``out`` starts with the job's session tag (one word). In active 4PC
     it then holds, for data, labels and mask in turn (as :func:`engine_components`
@@ -319,7 +326,7 @@ def write_party_input(
     and the input file holds, after the tag, the digests (:func:`component_digest`)
     of the party's own component c_i and of c_{i-1}.
     """
-    bundles = _checked_bundles(security, shape, party, party_dir)
+    bundles = _checked_bundles(security, shape, party, party_dir, bundles)
     given: Given = [(b.kind, engine_components(b)) for b in bundles]
     out.parent.mkdir(parents=True, exist_ok=True)
     if not 0 <= session_tag < 1 << 63:
@@ -645,7 +652,7 @@ class MpSpdzEngine:
         (d / "HOSTS").write_text("".join(f"{host}:{port}\n" for host, port in hosts))
         write_party_input(spec.security, spec.shape, i, spec.input_dir,
                           pdata / f"Input-Binary-P{i}-0", spec.session_tag or 0,
-                          persistence_file(d, i), memory_file(d, i))
+                          persistence_file(d, i), memory_file(d, i), spec.take_bundles())
         linked = (d / "Programs").resolve()
         own = hashed.get(linked) if hashed is not None else None
         if own is None:

@@ -306,12 +306,15 @@ class MpycEngine:
 
     def _prepare_party(self, spec: PartyRunSpec, timeout: float) -> None:
         """The party's working directory: ./.config (its TLS key, certificate and the
-        CA, where MPyC looks for them) and job.json (public parameters only)."""
+        CA, where MPyC looks for them) and job.json (public parameters only); the
+        party's bundles in its input directory when it was handed them in memory (the
+        worker process reads them from there)."""
         i, d, shape = spec.party, spec.workdir, spec.shape
         if len(spec.peers) != spec.security.parties or not 0 <= i < spec.security.parties:
             raise ParameterError(
                 f"{spec.security.value} needs one MPC address per party and a valid index"
             )
+        spec.write_input_files()
         addresses = spec.dial_addresses()
         cfg = d / ".config"
         cfg.mkdir(parents=True, exist_ok=True)

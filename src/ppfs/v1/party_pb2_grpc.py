@@ -141,7 +141,7 @@ class PartyServiceServicer:
 
     def StartJob(self, request, context):
         """Start a job: answered at once after the cheap checks (description hash, pinned
-        uploads, parameters); assembling inputs and compiling are the job's first phases.
+        uploads, parameters); compiling and assembling inputs are phases of the job.
         Refused for a job id that was cancelled before it arrived.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
