@@ -248,3 +248,39 @@ def test_job_refused_on_description_mismatch_and_bad_parameters(tmp_path: Path) 
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
     _run(tmp_path, scenario)
+
+
+def test_bundle_cache_serves_unchanged_files_read_only_and_within_its_limit(
+    tmp_path: Path,
+) -> None:
+    from ppfs_party.store import BundleCache
+
+    rng = np.random.default_rng(3)  # test data, not a secret
+    paths = []
+    for n in range(3):
+        b = bundles_for_all(rng.integers(0, 2**40, size=(50, 4), dtype=np.uint64),
+                            Scheme.REP3, dataset_id=f"ds{n}", kind="data", frac_bits=0)[0]
+        paths.append(tmp_path / f"{n}.shr")
+        b.save(paths[-1])
+    one = 2 * 50 * 4 * 8  # a party's two components of one bundle
+    cache = BundleCache(2 * one)
+    first = cache.load(paths[0])
+    assert cache.load(paths[0]) is first  # served again, not read again
+    with pytest.raises(ValueError, match="read-only"):
+        next(iter(first.components.values()))[0, 0] = 1
+    # a file that changed is read again
+    other = bundles_for_all(np.ones((50, 4), dtype=np.uint64), Scheme.REP3,
+                            dataset_id="ds0", kind="data", frac_bits=0)[0]
+    other.save(paths[0])
+    again = cache.load(paths[0])
+    assert again is not first and again.components.keys() == other.components.keys()
+    for j, c in other.components.items():
+        np.testing.assert_array_equal(again.components[j], c)
+    # at most two bundles fit: the least recently used one goes
+    cache.load(paths[1])
+    cache.load(paths[0])
+    cache.load(paths[2])
+    assert cache.load(paths[0]) is again
+    assert cache.load(paths[2]) is cache.load(paths[2])
+    assert cache._bytes == 2 * one and len(cache._entries) == 2
+    assert BundleCache(one - 1).load(paths[1]).shape == (50, 4)  # too big: read, not kept

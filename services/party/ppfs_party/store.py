@@ -32,7 +32,9 @@ import logging
 import os
 import re
 import shutil
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +93,51 @@ class UploadHeader:
     staged: bool = False
 
 
+class BundleCache:
+    """Loaded upload bundles, kept for the next job on the same uploads.
+
+    Every job reads each upload it pins in full, and reading and checksumming the same
+    files again was most of a daemon's own work per job. Bounded by ``limit`` bytes,
+    the least recently used out first; an entry serves only while its file is
+    unchanged (inode, size, modification time). Its arrays are read-only, so that no
+    job can alter what the next one gets."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._entries: OrderedDict[Path, tuple[tuple[int, int, int], ShareBundle, int]] = (
+            OrderedDict())
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def load(self, path: Path) -> ShareBundle:
+        st = os.stat(path)
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            hit = self._entries.get(path)
+            if hit is not None and hit[0] == key:
+                self._entries.move_to_end(path)
+                return hit[1]
+        bundle = ShareBundle.load(path)
+        for component in bundle.components.values():
+            component.flags.writeable = False
+        size = sum(c.nbytes for c in bundle.components.values())
+        with self._lock:
+            old = self._entries.pop(path, None)
+            if old is not None:
+                self._bytes -= old[2]
+            if size <= self.limit:
+                self._entries[path] = (key, bundle, size)
+                self._bytes += size
+                while self._bytes > self.limit:
+                    _, (_, _, freed) = self._entries.popitem(last=False)
+                    self._bytes -= freed
+        return bundle
+
+
+# 256 MiB: a SPEED-sized upload's data is 16 MiB per party
+BUNDLES = BundleCache(256 << 20)
+
+
 @dataclass(frozen=True)
 class StoredUpload:
     manifest: Manifest
@@ -98,7 +145,9 @@ class StoredUpload:
     directory: Path
 
     def bundle(self, kind: str) -> ShareBundle:
-        return ShareBundle.load(self.directory / f"{kind}.shr")
+        """The upload's bundle of ``kind`` (its arrays read-only: shared with later
+        jobs through :data:`BUNDLES`)."""
+        return BUNDLES.load(self.directory / f"{kind}.shr")
 
 
 class ShareStore:
