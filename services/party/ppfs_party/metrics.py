@@ -2,7 +2,7 @@
 (default off) on a plain-HTTP listener meant for the internal network.
 
 Jobs by state (now) and by final state and failure kind, the time each job spends in
-each phase (queued, assembling inputs, compiling, waiting for the engine, engine run),
+each phase (queued, compiling, waiting for the engine, assembling inputs, engine run),
 bytes the engine sent, uploads and their sizes, refused calls by method and status.
 Labels are bounded sets; nothing here names a job, a data set or any value.
 """
@@ -28,7 +28,7 @@ BYTES_BUCKETS = tuple(float(4**i) * 1024 for i in range(13))  # 1 KiB .. 16 GiB
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINAL = frozenset(STATES[2:])
 # phases the job runner names itself; every engine progress message counts as "engine"
-PHASES = ("queued", "assembling inputs", "compiling", "waiting for the engine")
+PHASES = ("queued", "compiling", "waiting for the engine", "assembling inputs")
 
 
 def phase_category(phase: str) -> str:
