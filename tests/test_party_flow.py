@@ -12,6 +12,7 @@ import json
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -315,6 +316,77 @@ def test_cancel_kills_the_engine_process(tmp_path: Path) -> None:
                     party_pb2.GetJobRequest(job_id="j2"))
                 assert st.state == party_pb2.JOB_STATE_FAILED
                 assert st.error in ("party stopped", "party restarted")
+        finally:
+            await srv.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_a_queued_job_holds_no_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one engine slot busy (Alice alone: her engine waits for peers), a second job
+    waits queued without assembling its inputs; it assembles them once the slot is
+    free."""
+    import ppfs_party.jobs as jobs_module
+
+    assembled: list[str] = []
+    real = jobs_module.assemble
+
+    def counting(store: Any, job: Any, *args: Any, **kwargs: Any) -> Any:
+        assembled.append(job.job_id)
+        return real(store, job, *args, **kwargs)
+
+    monkeypatch.setattr(jobs_module, "assemble", counting)
+    table = make_table(20, 4, seed=6)
+    dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
+
+    async def phase(stub: Any, job_id: str, want: str) -> None:
+        t0 = time.monotonic()
+        while (await stub.GetJob(party_pb2.GetJobRequest(job_id=job_id))).phase != want:
+            assert time.monotonic() - t0 < 60, want
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> None:
+        srv = await start_party_server(dep.settings[0])
+        try:
+            async with dep.channel(0, srv.port) as ch:
+                stub = party_pb2_grpc.PartyServiceStub(ch)
+                ident = await stub.GetIdentity(party_pb2.GetIdentityRequest())
+                box = [ident.box_public_key] * 3  # only Alice's part is sent
+                raw, exps, fp = _encode(table)
+                owner, rec = dep.add_owner("owner-a"), dep.add_owner("recipient")
+                up = data_upload(owner, box, raw, table.columns, exps, dataset_id="ds",
+                                 upload_id="u1", onehot=table.one_hot(),
+                                 label_column=table.label_column, classes=table.classes)
+                shape = service_shape(table.m, table.p, table.n_classes, 1, fp.value_bits, None)
+                masks = [mask_upload(rec, box, draw_mask_words(shape.outputs),
+                                     dataset_id="m", upload_id=f"m{i}") for i in (1, 2)]
+                for u in (up, *masks):
+                    await stub.PutUploadPart(upload_messages(u, 0))
+                descs = [describe_job(
+                    f"j{i}", [[up]], mask=masks[i - 1], k=1, security="passive-3pc",
+                    engine="mpyc", recipient_public_key=bytes(rec.box.public_key),
+                    peers=dep.peer_addresses(),
+                ) for i in (1, 2)]
+                await stub.StartJob(start_requests(descs[0]))
+                pid_file = dep.settings[0].state_dir / "jobs" / "j1" / "engine" / "worker.pid"
+                t0 = time.monotonic()
+                while not pid_file.exists():
+                    assert time.monotonic() - t0 < 30
+                    await asyncio.sleep(0.05)
+                await stub.StartJob(start_requests(descs[1]))
+                await phase(stub, "j2", "waiting for the engine")
+                await asyncio.sleep(0.3)  # it stays there while j1 holds the slot
+                assert assembled == ["j1"]
+                assert (await stub.GetJob(party_pb2.GetJobRequest(job_id="j2"))).state == (
+                    party_pb2.JOB_STATE_QUEUED)
+                await stub.CancelJob(party_pb2.CancelJobRequest(job_id="j1"))
+                t0 = time.monotonic()
+                while assembled != ["j1", "j2"]:
+                    assert time.monotonic() - t0 < 30
+                    await asyncio.sleep(0.05)
+                await stub.CancelJob(party_pb2.CancelJobRequest(job_id="j2"))
+                final = await watch_to_end(stub, "j2")
+                assert final.state == party_pb2.JOB_STATE_CANCELLED
         finally:
             await srv.stop(0)
 
