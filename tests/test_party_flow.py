@@ -257,6 +257,36 @@ def test_identity_health_and_mutual_tls(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+async def _alice_alone(dep: Deployment, stub: Any, table: LabelledTable, masks: int
+                       ) -> tuple[Any, list[Any], Any, list[bytes], Any]:
+    """Alice's parts only (her engine will wait for peers until cancelled): one data
+    upload and ``masks`` mask uploads (m1, m2, ..), stored on her. Returns (data upload,
+    mask uploads, recipient, the three box keys as sent, shape)."""
+    ident = await stub.GetIdentity(party_pb2.GetIdentityRequest())
+    box = [ident.box_public_key] * 3  # only Alice's part is sent
+    raw, exps, fp = _encode(table)
+    owner, rec = dep.add_owner("owner-a"), dep.add_owner("recipient")
+    up = data_upload(owner, box, raw, table.columns, exps, dataset_id="ds", upload_id="u1",
+                     onehot=table.one_hot(), label_column=table.label_column,
+                     classes=table.classes)
+    shape = service_shape(table.m, table.p, table.n_classes, 1, fp.value_bits, None)
+    ms = [mask_upload(rec, box, draw_mask_words(shape.outputs), dataset_id="m",
+                      upload_id=f"m{i}") for i in range(1, masks + 1)]
+    for u in (up, *ms):
+        await stub.PutUploadPart(upload_messages(u, 0))
+    return up, ms, rec, box, shape
+
+
+async def _engine_pid(dep: Deployment, job_id: str) -> int:
+    """Alice's engine worker for the job, once it runs."""
+    pid_file = dep.settings[0].state_dir / "jobs" / job_id / "engine" / "worker.pid"
+    t0 = time.monotonic()
+    while not pid_file.exists():
+        assert time.monotonic() - t0 < 30
+        await asyncio.sleep(0.05)
+    return int(pid_file.read_text())
+
+
 def test_cancel_kills_the_engine_process(tmp_path: Path) -> None:
     """Only Alice starts the job: her engine waits for peers until cancelled."""
     table = make_table(20, 4, seed=6)
@@ -267,30 +297,14 @@ def test_cancel_kills_the_engine_process(tmp_path: Path) -> None:
         try:
             async with dep.channel(0, srv.port) as ch:
                 stub = party_pb2_grpc.PartyServiceStub(ch)
-                ident = await stub.GetIdentity(party_pb2.GetIdentityRequest())
-                box = [ident.box_public_key] * 3  # only Alice's part is sent
-                raw, exps, fp = _encode(table)
-                owner, rec = dep.add_owner("owner-a"), dep.add_owner("recipient")
-                up = data_upload(owner, box, raw, table.columns, exps, dataset_id="ds",
-                                 upload_id="u1", onehot=table.one_hot(),
-                                 label_column=table.label_column, classes=table.classes)
-                shape = service_shape(table.m, table.p, table.n_classes, 1, fp.value_bits, None)
-                mask = mask_upload(rec, box, draw_mask_words(shape.outputs),
-                                   dataset_id="m", upload_id="m1")
-                for u in (up, mask):
-                    await stub.PutUploadPart(upload_messages(u, 0))
+                up, (mask,), rec, box, shape = await _alice_alone(dep, stub, table, 1)
                 desc = describe_job(
                     "j1", [[up]], mask=mask, k=1, security="passive-3pc", engine="mpyc",
                     recipient_public_key=bytes(rec.box.public_key),
                     peers=dep.peer_addresses(),
                 )
                 await stub.StartJob(start_requests(desc))
-                pid_file = dep.settings[0].state_dir / "jobs" / "j1" / "engine" / "worker.pid"
-                t0 = time.monotonic()
-                while not pid_file.exists():
-                    assert time.monotonic() - t0 < 30
-                    await asyncio.sleep(0.05)
-                pid = int(pid_file.read_text())
+                pid = await _engine_pid(dep, "j1")
                 resp = await stub.CancelJob(party_pb2.CancelJobRequest(job_id="j1"))
                 assert resp.state == party_pb2.JOB_STATE_CANCELLED
                 final = await watch_to_end(stub, "j1")
@@ -350,29 +364,14 @@ def test_a_queued_job_holds_no_inputs(tmp_path: Path, monkeypatch: pytest.Monkey
         try:
             async with dep.channel(0, srv.port) as ch:
                 stub = party_pb2_grpc.PartyServiceStub(ch)
-                ident = await stub.GetIdentity(party_pb2.GetIdentityRequest())
-                box = [ident.box_public_key] * 3  # only Alice's part is sent
-                raw, exps, fp = _encode(table)
-                owner, rec = dep.add_owner("owner-a"), dep.add_owner("recipient")
-                up = data_upload(owner, box, raw, table.columns, exps, dataset_id="ds",
-                                 upload_id="u1", onehot=table.one_hot(),
-                                 label_column=table.label_column, classes=table.classes)
-                shape = service_shape(table.m, table.p, table.n_classes, 1, fp.value_bits, None)
-                masks = [mask_upload(rec, box, draw_mask_words(shape.outputs),
-                                     dataset_id="m", upload_id=f"m{i}") for i in (1, 2)]
-                for u in (up, *masks):
-                    await stub.PutUploadPart(upload_messages(u, 0))
+                up, masks, rec, _, _ = await _alice_alone(dep, stub, table, 2)
                 descs = [describe_job(
                     f"j{i}", [[up]], mask=masks[i - 1], k=1, security="passive-3pc",
                     engine="mpyc", recipient_public_key=bytes(rec.box.public_key),
                     peers=dep.peer_addresses(),
                 ) for i in (1, 2)]
                 await stub.StartJob(start_requests(descs[0]))
-                pid_file = dep.settings[0].state_dir / "jobs" / "j1" / "engine" / "worker.pid"
-                t0 = time.monotonic()
-                while not pid_file.exists():
-                    assert time.monotonic() - t0 < 30
-                    await asyncio.sleep(0.05)
+                await _engine_pid(dep, "j1")
                 await stub.StartJob(start_requests(descs[1]))
                 await phase(stub, "j2", "waiting for the engine")
                 await asyncio.sleep(0.3)  # it stays there while j1 holds the slot
