@@ -216,6 +216,16 @@ def test_mpspdz_active_4pc_vertical(tmp_path: Path, mpspdz_cache: Path) -> None:
     asyncio.run(run_scenario(dep, table, 2, Security.ACTIVE_4PC, "mp-spdz", "vertical"))
 
 
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_mpspdz_active_3pc_horizontal(tmp_path: Path, mpspdz_cache: Path) -> None:
+    # active 3PC's inputs go to MP-SPDZ's memory file from the bundles the daemon hands
+    # over in memory (its loaded uploads' arrays, read-only)
+    table = make_table(40, 6, seed=5)
+    dep = Deployment.create(tmp_path, 3, engines=("mp-spdz",), mpspdz_cache=mpspdz_cache)
+    asyncio.run(run_scenario(dep, table, 2, Security.ACTIVE_3PC, "mp-spdz", "horizontal"))
+
+
 def test_identity_health_and_mutual_tls(tmp_path: Path) -> None:
     dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
 
