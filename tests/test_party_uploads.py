@@ -7,6 +7,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -284,3 +285,33 @@ def test_bundle_cache_serves_unchanged_files_read_only_and_within_its_limit(
     assert cache.load(paths[2]) is cache.load(paths[2])
     assert cache._bytes == 2 * one and len(cache._entries) == 2
     assert BundleCache(one - 1).load(paths[1]).shape == (50, 4)  # too big: read, not kept
+
+
+def test_bundle_cache_is_the_daemons_setting(tmp_path: Path) -> None:
+    # `ppfs party serve --bundle-cache-mib N` sizes each daemon's own cache; 0 keeps none
+    from nacl.public import PrivateKey
+    from ppfs_cli.main import build_parser
+    from ppfs_party.audit import AuditLog
+    from ppfs_party.commands import _settings
+    from ppfs_party.config import DEFAULT_BUNDLE_CACHE, PartySettings
+    from ppfs_party.store import ShareStore, StoredUpload
+
+    from ppfs.errors import ParameterError
+
+    base = ["party", "serve", "--state-dir", str(tmp_path), "--index", "0"]
+    parse = build_parser("party").parse_args
+    assert _settings(parse(base)).bundle_cache_bytes == DEFAULT_BUNDLE_CACHE == 256 << 20
+    assert _settings(parse([*base, "--bundle-cache-mib", "64"])).bundle_cache_bytes == 64 << 20
+    assert _settings(parse([*base, "--bundle-cache-mib", "0"])).bundle_cache_bytes == 0
+    with pytest.raises(ParameterError, match="bundle_cache_bytes"):
+        PartySettings(state_dir=tmp_path, index=0, bundle_cache_bytes=-1)
+    b = bundles_for_all(np.arange(12, dtype=np.uint64).reshape(3, 4), Scheme.REP3,
+                        dataset_id="ds", kind="data", frac_bits=0)[0]
+    (tmp_path / "u").mkdir()
+    b.save(tmp_path / "u" / "data.shr")
+    for limit, shared in ((1 << 20, True), (0, False)):
+        store = ShareStore(tmp_path, 0, PrivateKey.generate(), AuditLog(tmp_path / "audit"),
+                           1 << 20, limit)
+        manifest: Any = None  # bundle() reads only the directory
+        up = StoredUpload(manifest, frozenset({"data"}), tmp_path / "u", store._cache)
+        assert (up.bundle("data") is up.bundle("data")) is shared

@@ -23,7 +23,7 @@ from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import PpfsError
 from ppfs.logfmt import configure_logging
 from ppfs.pki import CertificateAuthority, issue_client_identity, load_ca, save_ca
-from ppfs_party.config import DEFAULT_MAX_UPLOAD, MpcDial, PartySettings
+from ppfs_party.config import DEFAULT_BUNDLE_CACHE, DEFAULT_MAX_UPLOAD, MpcDial, PartySettings
 from ppfs_party.keys import sign_party_requests
 from ppfs_party.state import open_state
 from ppfs_party.store import register_owner
@@ -56,6 +56,11 @@ def add_commands(subparsers: Any) -> None:
     serve.add_argument("--engine", action="append", choices=["mp-spdz", "mpyc"], default=None,
                        help="offer this engine (repeatable; default: every usable one)")
     serve.add_argument("--max-upload-bytes", type=int, default=DEFAULT_MAX_UPLOAD)
+    serve.add_argument("--bundle-cache-mib", type=int, default=DEFAULT_BUNDLE_CACHE >> 20,
+                       metavar="MIB",
+                       help="keep loaded upload shares in memory for the next job, up to "
+                            f"MIB MiB (default {DEFAULT_BUNDLE_CACHE >> 20}; 0: read them "
+                            "for every job)")
     serve.add_argument("--max-concurrent-jobs", type=int, default=1, metavar="N",
                        help="engine runs at once; a job beyond waits queued (default 1)")
     serve.add_argument("--job-timeout", type=float, default=None,
@@ -123,6 +128,7 @@ def _settings(args: argparse.Namespace) -> PartySettings:
             mpc_port_count=args.mpc_port_count,
             max_concurrent_jobs=args.max_concurrent_jobs,
             mpc_bind_host=args.mpc_bind_host, max_upload_bytes=args.max_upload_bytes,
+            bundle_cache_bytes=args.bundle_cache_mib << 20,
             job_timeout=args.job_timeout, port_file=args.port_file,
             mpspdz_cache=args.mpspdz_cache, metrics_listen=args.metrics_listen,
             mpc_dial=tuple(MpcDial.parse(d) for d in args.mpc_dial),

@@ -10,6 +10,7 @@ from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import ParameterError
 
 DEFAULT_MAX_UPLOAD = 1 << 30  # bytes of one sealed part
+DEFAULT_BUNDLE_CACHE = 256 << 20  # a SPEED-sized upload's data is 16 MiB per party
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ class PartySettings:
     mpspdz_home: Path | None = None  # default: $MPSPDZ_HOME, else /opt/mp-spdz
     mpspdz_cache: Path | None = None  # compiled programs; default <state>/cache/mpspdz
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD
+    # loaded upload bundles kept in memory for the next job (0: none kept)
+    bundle_cache_bytes: int = DEFAULT_BUNDLE_CACHE
     job_timeout: float | None = None  # engine time limit per run; None: engine default
     stop_grace: float = 5.0  # seconds in-flight calls get on SIGTERM
     port_file: Path | None = None  # write the bound control-plane port here (port 0)
@@ -111,6 +114,8 @@ class PartySettings:
             raise ParameterError("max_concurrent_jobs must be 1..64")
         if self.max_upload_bytes < 1:
             raise ParameterError("max_upload_bytes must be positive")
+        if self.bundle_cache_bytes < 0:
+            raise ParameterError("bundle_cache_bytes must be 0 or more")
         seen: set[int] = set()
         for d in self.mpc_dial:
             if d.party == self.index:

@@ -36,7 +36,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nacl.public import PrivateKey
@@ -134,32 +134,32 @@ class BundleCache:
         return bundle
 
 
-# 256 MiB: a SPEED-sized upload's data is 16 MiB per party
-BUNDLES = BundleCache(256 << 20)
-
-
 @dataclass(frozen=True)
 class StoredUpload:
     manifest: Manifest
     kinds: frozenset[str]
     directory: Path
+    cache: BundleCache | None = field(default=None, compare=False, repr=False)
 
     def bundle(self, kind: str) -> ShareBundle:
-        """The upload's bundle of ``kind`` (its arrays read-only: shared with later
-        jobs through :data:`BUNDLES`)."""
-        return BUNDLES.load(self.directory / f"{kind}.shr")
+        """The upload's bundle of ``kind`` (through the store's cache, if any: then its
+        arrays are read-only, shared with later jobs)."""
+        path = self.directory / f"{kind}.shr"
+        return ShareBundle.load(path) if self.cache is None else self.cache.load(path)
 
 
 class ShareStore:
     def __init__(
         self, state_dir: Path, party: int, box_key: PrivateKey, audit: AuditLog,
-        max_upload_bytes: int,
+        max_upload_bytes: int, bundle_cache_bytes: int = 0,
     ) -> None:
         self.state_dir = state_dir
         self.party = party
         self._box_key = box_key
         self.audit = audit
         self.max_upload_bytes = max_upload_bytes
+        # loaded upload bundles kept for the next job (None: every job reads them)
+        self._cache = BundleCache(bundle_cache_bytes) if bundle_cache_bytes > 0 else None
         self.uploads_dir = state_dir / "uploads"
         self.staged_dir = state_dir / "staged"
         self.aborted_dir = state_dir / "aborted"
@@ -184,7 +184,7 @@ class ShareStore:
                 except (OSError, UploadRejected):
                     log.error("[Party.store] unreadable upload directory %s skipped", d.name)
                     continue
-                index[manifest.upload_id] = StoredUpload(manifest, kinds, d)
+                index[manifest.upload_id] = StoredUpload(manifest, kinds, d, self._cache)
         for uid in set(self._staged) & set(self._uploads):  # a crash between the two renames
             shutil.rmtree(self._staged.pop(uid).directory, ignore_errors=True)
         self.aborted_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -248,7 +248,8 @@ class ShareStore:
             final = self.uploads_dir / upload_id
             await asyncio.to_thread(self._move, stored.directory, final)
             del self._staged[upload_id]
-            self._uploads[upload_id] = StoredUpload(stored.manifest, stored.kinds, final)
+            self._uploads[upload_id] = StoredUpload(stored.manifest, stored.kinds, final,
+                                                    self._cache)
         self.audit.record("upload.committed", dataset_id=dataset_id, upload_id=upload_id)
         return "committed"
 
@@ -430,4 +431,4 @@ class ShareStore:
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)
             raise
-        return StoredUpload(manifest, frozenset(bundles), final)
+        return StoredUpload(manifest, frozenset(bundles), final, self._cache)
