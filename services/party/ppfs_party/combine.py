@@ -18,7 +18,6 @@ no other upload of a named data set may be held, and the plan of the held manife
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -137,11 +136,10 @@ def pinned_plan(store: ShareStore, job: JobContract, party_name: str
     return found, got
 
 
-def assemble(store: ShareStore, job: JobContract, party: int, party_name: str,
-             out_dir: Path | None = None) -> JobInputs:
-    """This party's data, labels and mask bundles for the job, in memory (the engine
-    takes them as they are: no copy on disk to write, read back and checksum again);
-    with ``out_dir``, also written there as data.shr, labels.shr and mask.shr."""
+def assemble(store: ShareStore, job: JobContract, party: int, party_name: str) -> JobInputs:
+    """This party's data, labels and mask bundles for the job, in memory: the engine
+    takes them as they are (an engine that reads its inputs in another process writes
+    them out itself, :meth:`ppfs.engines.base.PartyRunSpec.write_input_files`)."""
     security = job.security
     scheme = security.scheme
     parts = [_dataset_part(ups, scheme) for ups in pinned_uploads(store, job, party_name)]
@@ -177,10 +175,4 @@ def assemble(store: ShareStore, job: JobContract, party: int, party_name: str,
         for kind, comps, frac in (("data", data, job.frac_bits), ("labels", labels, 0),
                                   ("mask", mask.components, 0))
     ]
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        # not synced to disk: a job's inputs do not outlive a restart (the job is failed
-        # and its inputs removed), and the uploads they come from are durable already
-        for b in bundles:
-            b.save(out_dir / f"{b.kind}.shr", durable=False)
     return JobInputs(shape, columns, exponents, bundles)
