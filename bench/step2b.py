@@ -13,8 +13,15 @@ Party 0's rounds are reported for both (MP-SPDZ's count), and, with MP-SPDZ, the
 paper's selection protocols written literally (bench/anchor.py) run right after on
 the same shape, with the ratios literal selection / ppfs selection + training.
 
+``--repeat N`` runs each row's pair (Step 2A alone, then 2A + 2B) N times back to back,
+one row per pair, and prints each setting's median training / Step 2A ratio below the
+table: single runs of the active settings vary by a quarter from run to run on a shared
+machine, and a ratio taken within a pair cancels most of that. The anchor runs once per
+shape and setting, after the first pair.
+
     .venv/bin/python bench/step2b.py [--engine mp-spdz] [--settings passive-3pc,...]
-        [--datasets CogLoad,LSVT,SPEED] [--no-anchor] [--write bench/results/step2b.md]
+        [--datasets CogLoad,LSVT,SPEED] [--no-anchor] [--repeat 1]
+        [--write bench/results/step2b.md]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -81,9 +89,13 @@ def main() -> int:
     ap.add_argument("--settings", default="passive-3pc,active-4pc,active-3pc")
     ap.add_argument("--datasets", default="CogLoad,LSVT,SPEED")
     ap.add_argument("--write", type=Path, default=None)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="pairs (Step 2A alone, 2A + 2B) per data set and setting")
     ap.add_argument("--no-anchor", action="store_true",
                     help="do not run the paper's protocols written literally")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     engine = args.engine or default_engine_name()
     use_anchor = engine == "mp-spdz" and not args.no_anchor
     if use_anchor and (why := anchor.unavailable_reason()):
@@ -92,15 +104,17 @@ def main() -> int:
     load = os.getloadavg()
     settings = [Security(s) for s in args.settings.split(",")]
     wanted = set(args.datasets.split(","))
-    header = ("| data set | m x p, k | epochs, batch, lr | SGD steps | setting "
+    header = ("| data set | m x p, k | epochs, batch, lr | SGD steps | setting | pair "
+              "| training / Step 2A "
               "| Step 2A (s) | 2A + 2B (s) | training (s) | Step 2A (MB) | 2A + 2B (MB) "
               "| training (MB) | rounds P0: 2A / 2A + 2B | compile 2A + 2B (s) "
               "| max weight gap / tolerance | literal selection: s / MB / rounds P0 "
               "| literal / (2A + 2B): time / bytes / rounds |")
-    sep = "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    sep = "|---" * 18 + "|"
     print(header)
     print(sep)
     rows = []
+    medians: list[str] = []
     for ds in PAPER:
         if ds.name not in wanted:
             continue
@@ -109,31 +123,42 @@ def main() -> int:
         c = step2b.constants(ds.m, ds.k, 2, 32, params)
         steps = params.epochs * len(c.batches())
         for sec in settings:
-            plain, _ = run(table, ds.k, sec, engine, None)
-            trained, _ = run(table, ds.k, sec, engine, params)
-            gap, tol = oracle_gap(trained, table, ds.k, params)
-            a_s, b_s = plain.run.seconds, trained.run.seconds
-            a_mb, b_mb = plain.run.bytes_sent / 1e6, trained.run.bytes_sent / 1e6
-            a_r, b_r = plain.run.parties[0].rounds, trained.run.parties[0].rounds
-            lit = "- | - |"
-            if use_anchor:
-                try:
-                    lr = anchor.run_anchor(sec, ds.m, ds.p, ds.k)
-                    lit = (f"{lr.engine_seconds:.2f} / {lr.bytes / 1e6:.0f} / {lr.rounds:,} | "
-                           + (f"{lr.engine_seconds / b_s:.1f}x / "
-                              f"{lr.bytes / max(trained.run.bytes_sent, 1):.1f}x / "
-                              f"{lr.rounds / b_r:.1f}x |" if b_r else "- |"))
-                except Exception as exc:  # reported, not fatal
-                    print(f"reference run failed: {exc}", file=sys.stderr)
-                    lit = "failed | - |"
-            row = (f"| {ds.name} | {ds.m} x {ds.p}, {ds.k} | {params.epochs}, {params.batch}, "
-                   f"{params.lr} | {steps} | {sec.value} | {a_s:.2f} | {b_s:.2f} | "
-                   f"{b_s - a_s:.2f} | {a_mb:.0f} | {b_mb:.0f} | {b_mb - a_mb:.0f} | "
-                   f"{a_r:,} / {b_r:,} | "
-                   f"{trained.run.compile_seconds:.1f} | {gap:.2e} / {tol:.2e} "
-                   f"{'ok' if gap <= tol else 'OVER'} | {lit}")
-            print(row, flush=True)
-            rows.append(row)
+            ratios = []
+            for pair in range(1, args.repeat + 1):
+                plain, _ = run(table, ds.k, sec, engine, None)
+                trained, _ = run(table, ds.k, sec, engine, params)
+                gap, tol = oracle_gap(trained, table, ds.k, params)
+                a_s, b_s = plain.run.seconds, trained.run.seconds
+                a_mb, b_mb = plain.run.bytes_sent / 1e6, trained.run.bytes_sent / 1e6
+                a_r, b_r = plain.run.parties[0].rounds, trained.run.parties[0].rounds
+                ratios.append((b_s - a_s) / a_s)
+                lit = "- | - |"
+                if use_anchor and pair == 1:
+                    try:
+                        lr = anchor.run_anchor(sec, ds.m, ds.p, ds.k)
+                        lit = (f"{lr.engine_seconds:.2f} / {lr.bytes / 1e6:.0f} / {lr.rounds:,} | "
+                               + (f"{lr.engine_seconds / b_s:.1f}x / "
+                                  f"{lr.bytes / max(trained.run.bytes_sent, 1):.1f}x / "
+                                  f"{lr.rounds / b_r:.1f}x |" if b_r else "- |"))
+                    except Exception as exc:  # reported, not fatal
+                        print(f"reference run failed: {exc}", file=sys.stderr)
+                        lit = "failed | - |"
+                row = (f"| {ds.name} | {ds.m} x {ds.p}, {ds.k} | {params.epochs}, "
+                       f"{params.batch}, {params.lr} | {steps} | {sec.value} | {pair} | "
+                       f"{ratios[-1]:.2f}x | {a_s:.2f} | {b_s:.2f} | "
+                       f"{b_s - a_s:.2f} | {a_mb:.0f} | {b_mb:.0f} | {b_mb - a_mb:.0f} | "
+                       f"{a_r:,} / {b_r:,} | "
+                       f"{trained.run.compile_seconds:.1f} | {gap:.2e} / {tol:.2e} "
+                       f"{'ok' if gap <= tol else 'OVER'} | {lit}")
+                print(row, flush=True)
+                rows.append(row)
+            if args.repeat > 1:
+                medians.append(
+                    f"- {ds.name}, {sec.value}: training / Step 2A median "
+                    f"{statistics.median(ratios):.2f}x over {len(ratios)} pairs "
+                    f"({', '.join(f'{r:.2f}' for r in ratios)})")
+    for line in medians:
+        print(line)
     if args.write:
         text = [
             "# Step 2B benchmark: logistic regression inside MPC",
@@ -166,6 +191,7 @@ def main() -> int:
             sep,
             *rows,
             "",
+            *([*medians, ""] if medians else []),
         ]
         args.write.write_text("\n".join(text))
     return 0
