@@ -190,6 +190,48 @@ def test_active_3pc_sigmoid_of_the_product(f: int) -> None:
     assert set(diff.tolist()) <= {0, 1} and 1 in set(diff.tolist())
 
 
+@pytest.mark.parametrize("m", [1, 21, 37, 61])
+def test_active_3pc_shared_comparisons_in_the_clear(m: int) -> None:
+    """The logic of the MP-SPDZ program's ltz_of_shifts (active 3PC), bit by bit in the
+    clear: q's three random components (mod 2^64) carry-saved into X0 + X1, the carry into
+    column m shared, each public constant K folded into the columns above m without an
+    AND, and bit 63 of the rest is [q - K 2^m < 0] for every K."""
+    rng = np.random.default_rng(m)
+    mask = (1 << 64) - 1
+    consts = [-(5 << 16) + 1, -(5 << 15) + 1, (5 << 15) + 1, (5 << 16) + 1, 0, 1, -1]
+    consts = [kc for kc in consts if abs(kc) < 1 << (62 - m)]
+    qs = [int(v) for v in rng.integers(-(1 << 62), 1 << 62, 300)]
+    for kc in consts:
+        qs += [(kc << m) + d for d in (-2, -1, 0, 1)]
+    qs += [int(v) << m for v in rng.integers(-(1 << 8), 1 << 8, 100)]
+    checked = 0
+    for q in qs:
+        for kc in consts:
+            if not -(1 << 63) <= q - (kc << m) < 1 << 63:
+                continue
+            r = [int(rng.integers(0, 1 << 63)) * 2 + int(rng.integers(0, 2)) for _ in "ab"]
+            comps = [r[0] & mask, r[1] & mask, (q - r[0] - r[1]) & mask]
+            x0 = comps[0] ^ comps[1] ^ comps[2]                       # sums, 64 bits
+            x1 = ((comps[0] & comps[1]) | (comps[0] & comps[2]) | (comps[1] & comps[2])) << 1
+            assert (x0 + x1) & mask == q & mask
+            mid = ((x0 & ((1 << m) - 1)) + (x1 & ((1 << m) - 1))) >> m
+            k = (-kc << m) & mask
+            s, c = [], []
+            for i in range(m, 64):
+                p_, g_ = ((x0 >> i) ^ (x1 >> i)) & 1, (x0 >> i) & (x1 >> i) & 1
+                kb = (k >> i) & 1
+                s.append(p_ ^ kb)
+                c.append(g_ ^ (kb & p_))
+            # columns m+1..62 of s + shifted c, carry in from column m: s_0 & mid
+            a = sum(s[j] << j for j in range(1, 63 - m))
+            b = sum(c[j - 1] << j for j in range(1, 63 - m))
+            c63 = (a + b + ((s[0] & mid) << 1)) >> (63 - m)
+            sign = s[63 - m] ^ c[62 - m] ^ c63
+            assert sign == int(q - (kc << m) < 0), (q, kc)
+            checked += 1
+    assert checked > 500
+
+
 @pytest.mark.parametrize("k, f", [(33, 5), (33, 9), (56, 31), (62, 2)])
 def test_active_3pc_standardisation_mask_decodes(k: int, f: int) -> None:
     """The arithmetic of the MP-SPDZ program's trunc_many (active 3PC), in the clear:
