@@ -353,16 +353,89 @@ class RawWire:
 
 
 def import_mpyc_runtime() -> Any:
-    """Import MPyC with this process's own argv hidden from its import-time parser."""
+    """Import MPyC with this process's own argv hidden from its import-time parser;
+    rebind its wire format (:class:`RawWire`) and its connection handler
+    (:func:`peer_checked_exchanger`)."""
     os.environ.setdefault("MPYC_NOUVLOOP", "1")  # plain asyncio loop: see bind_loopback
     saved = sys.argv
     sys.argv = saved[:1]
     try:
+        import mpyc.asyncoro
         import mpyc.runtime
     finally:
         sys.argv = saved
     mpyc.runtime.pickle = RawWire
+    # the runtime looks the class up when each connection is made
+    exchanger = mpyc.asyncoro.MessageExchanger
+    if not getattr(exchanger, "checks_peers", False):
+        mpyc.asyncoro.MessageExchanger = peer_checked_exchanger(exchanger)
     return mpyc.runtime
+
+
+def peer_certificate_names(cert: Mapping[str, Any] | None) -> list[str]:
+    """The common names in a peer certificate as ``ssl`` decodes it (``peercert``)."""
+    if not cert:
+        return []
+    return [str(value) for rdn in cert.get("subject", ()) for key, value in rdn
+            if key == "commonName"]
+
+
+def refuse_peer(rt: Any, claimed: int, cert: Mapping[str, Any] | None) -> str | None:
+    """Why a connection to this party's listening port must be refused, or None.
+
+    MPyC's listening side takes the dialler's party number from the first two bytes
+    it sends and records the connection as that party's, replacing any before it;
+    only the dialling side checks the certificate's name. Left so, a corrupted party
+    (any holder of a certificate from the deployment's CA) could dial in as another
+    party, displace the real link and receive the shares meant for that party. Here
+    the claim must be a party that dials this one (a lower number: the higher ones
+    are dialled by this party), not yet connected, and, with TLS, named by the
+    certificate the dialler presented (``MPyC party <i>``)."""
+    if not 0 <= claimed < rt.pid:
+        return f"a peer claims party number {claimed}, which does not dial party {rt.pid}"
+    if rt.parties[claimed].protocol is not None:
+        return f"a second connection claims party {claimed}"
+    if rt.options.ssl:
+        names = peer_certificate_names(cert)
+        if names != [f"MPyC party {claimed}"]:
+            shown = ", ".join(repr(n) for n in names) or "no name"
+            return f"a peer claims party {claimed} with a certificate for {shown}"
+    return None
+
+
+def peer_checked_exchanger(base: type) -> type:
+    """MPyC's connection handler (``mpyc.asyncoro.MessageExchanger``) with the
+    listening side's check of :func:`refuse_peer` before the peer's claim, its PRSS
+    keys or any message is taken; a refused connection is dropped and never
+    registered (the honest peer can still connect)."""
+
+    class PeerCheckedExchanger(base):
+        checks_peers = True
+        refused = False
+
+        def data_received(self, data: bytes) -> None:
+            if self.refused:
+                return
+            if self.peer_pid is None and len(self.bytes) + len(data) >= 2:
+                head = (bytes(self.bytes) + bytes(data[:2]))[:2]
+                claimed = int.from_bytes(head, "little")
+                cert = self.transport.get_extra_info("peercert")
+                reason = refuse_peer(self.runtime, claimed, cert)
+                if reason is not None:
+                    self.refused = True
+                    log.warning("[MpycParty.connect] refused a connection: %s", reason)
+                    self.bytes.clear()
+                    self.transport.abort()
+                    return
+            super().data_received(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.peer_pid is None:  # never registered as any party's link
+                return
+            super().connection_lost(exc)
+
+    PeerCheckedExchanger.__name__ = PeerCheckedExchanger.__qualname__ = "PeerCheckedExchanger"
+    return PeerCheckedExchanger
 
 
 def make_runtime(mpyc_runtime: Any, job: PartyJob) -> Any:
