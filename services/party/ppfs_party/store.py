@@ -20,6 +20,13 @@ All-or-nothing uploads: a part received *staged* is stored the same way under
 deletes it and leaves a tombstone ``aborted/<upload_id>``, so the id (and a part that
 arrives late) is refused from then on. Both are idempotent. Staged parts survive a
 restart, waiting for the gateway's decision.
+
+The tombstone decides, whatever the crash point: an abort writes it durably first, then
+renames the staged directory to a dot-name (removed on start) and deletes it; a commit
+refuses a tombstoned id; and on start a staged directory whose id is tombstoned is
+deleted, a committed one is not used (it could only come from an older version that
+lacked these checks). An abort whose tombstone write failed midway (the tombstone may
+be on disk) refuses the id too, until a retried abort confirms the tombstone.
 """
 
 from __future__ import annotations
@@ -165,17 +172,35 @@ class ShareStore:
         self.aborted_dir = state_dir / "aborted"
         self._uploads: dict[str, StoredUpload] = {}
         self._staged: dict[str, StoredUpload] = {}
-        self._aborted: set[str] = set()
+        self._aborted: set[str] = set()  # durable tombstones
+        # aborts whose tombstone write failed midway: refused, as the tombstone may be on disk
+        self._abort_unsure: set[str] = set()
         self._inflight: set[str] = set()
         self._lock = asyncio.Lock()
 
     # -------------------------------------------------------------- start-up
     def open(self) -> None:
-        """Clear half-received parts and uncommitted directories; index the rest."""
+        """Clear half-received parts, uncommitted and aborted directories; index the rest.
+
+        Tombstones are read first: an upload whose id is tombstoned is never indexed
+        (a staged one is deleted: an abort was cut short between its tombstone and the
+        deletion; a committed one is left on disk for the operator but not used)."""
+        self.aborted_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._aborted = set()
+        for p in self.aborted_dir.iterdir():
+            if p.name.startswith("."):  # a tombstone write cut short
+                p.unlink(missing_ok=True)
+            else:
+                self._aborted.add(p.name)
+        self._abort_unsure = set()
         for where, index in ((self.uploads_dir, self._uploads), (self.staged_dir, self._staged)):
             where.mkdir(parents=True, exist_ok=True, mode=0o700)
             for d in where.iterdir():
                 if d.name.startswith("."):
+                    shutil.rmtree(d, ignore_errors=True)
+                    continue
+                if where == self.staged_dir and d.name in self._aborted:
+                    log.warning("[Party.store] upload=%s aborted: staged part deleted", d.name)
                     shutil.rmtree(d, ignore_errors=True)
                     continue
                 try:
@@ -184,11 +209,13 @@ class ShareStore:
                 except (OSError, UploadRejected):
                     log.error("[Party.store] unreadable upload directory %s skipped", d.name)
                     continue
+                if {d.name, manifest.upload_id} & self._aborted:
+                    log.error("[Party.store] upload=%s is aborted: directory %s/%s not used",
+                              manifest.upload_id, where.name, d.name)
+                    continue
                 index[manifest.upload_id] = StoredUpload(manifest, kinds, d, self._cache)
         for uid in set(self._staged) & set(self._uploads):  # a crash between the two renames
             shutil.rmtree(self._staged.pop(uid).directory, ignore_errors=True)
-        self.aborted_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._aborted = {p.name for p in self.aborted_dir.iterdir() if not p.name.startswith(".")}
 
     def owners(self) -> dict[str, bytes]:
         return load_owners(self.state_dir / "owners.json")
@@ -223,7 +250,7 @@ class ShareStore:
             return "committed"
         if upload_id in self._staged:
             return "staged"
-        return "aborted" if upload_id in self._aborted else "absent"
+        return "aborted" if self._refused(upload_id) else "absent"
 
     def listing(self, dataset_id: str) -> list[tuple[StoredUpload, str]]:
         """Every committed or staged upload of a dataset, in upload-id order."""
@@ -234,15 +261,21 @@ class ShareStore:
         return sorted(found, key=lambda t: t[0].manifest.upload_id)
 
     # -------------------------------------------------------------- decisions
+    def _refused(self, upload_id: str) -> bool:
+        """Aborted here (or an abort of it may have reached the disk)."""
+        return upload_id in self._aborted or upload_id in self._abort_unsure
+
     async def commit(self, dataset_id: str, upload_id: str) -> str:
-        """Make a staged upload part of its dataset (idempotent)."""
+        """Make a staged upload part of its dataset (idempotent). An aborted id is
+        refused, even if its staged part is still on disk."""
         async with self._lock:
+            if self._refused(upload_id):
+                raise UploadDecisionError(
+                    f"upload {upload_id!r} was aborted on this party; it cannot be committed")
             if upload_id in self._uploads:
                 return "committed"
             stored = self._staged.get(upload_id)
             if stored is None or stored.manifest.dataset_id != dataset_id:
-                if upload_id in self._aborted:
-                    raise UploadDecisionError(f"upload {upload_id!r} was aborted on this party")
                 raise NotFoundError(f"upload {upload_id!r} is not staged on this party")
             self._check_dataset(stored.manifest, stored.kinds)
             final = self.uploads_dir / upload_id
@@ -262,15 +295,31 @@ class ShareStore:
                 raise UploadDecisionError(
                     f"upload {upload_id!r} is committed on this party; it is not aborted")
             if upload_id not in self._aborted:
-                await asyncio.to_thread(
-                    write_durable, self.aborted_dir / upload_id, dataset_id[:128].encode())
+                # the tombstone first: from then on the id is refused, crash or not
+                try:
+                    await asyncio.to_thread(
+                        write_durable, self.aborted_dir / upload_id, dataset_id[:128].encode())
+                except BaseException:
+                    self._abort_unsure.add(upload_id)  # it may be on disk: refuse the id
+                    raise
                 self._aborted.add(upload_id)
+                self._abort_unsure.discard(upload_id)
             stored = self._staged.pop(upload_id, None)
             if stored is not None:
-                await asyncio.to_thread(shutil.rmtree, stored.directory, True)
+                await asyncio.to_thread(self._discard, stored.directory)
         self.audit.record("upload.aborted", dataset_id=dataset_id[:128], upload_id=upload_id,
                           had_part=stored is not None)
         return "aborted"
+
+    def _discard(self, directory: Path) -> None:
+        """Delete an aborted part: renamed to a dot-name first (cleared on start), so a
+        deletion cut short never leaves a partial directory under the upload's id."""
+        doomed = directory.with_name(f".aborted-{uuid.uuid4().hex}")
+        try:
+            directory.rename(doomed)
+        except OSError:
+            doomed = directory  # the tombstone still keeps it out on the next start
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def _move(self, src: Path, dst: Path) -> None:
         src.rename(dst)  # fails if the id exists: never overwrite
@@ -322,7 +371,7 @@ class ShareStore:
                 f"the sealed part exceeds this party's limit of {self.max_upload_bytes} bytes"
             )
         async with self._lock:
-            if manifest.upload_id in self._aborted:
+            if self._refused(manifest.upload_id):
                 raise UploadReplayedError("this upload was aborted (its id is refused)")
             if (manifest.upload_id in self._uploads or manifest.upload_id in self._staged
                     or manifest.upload_id in self._inflight):
@@ -337,7 +386,7 @@ class ShareStore:
             bundles = await asyncio.to_thread(self._open, sealed, manifest, scheme)
             self._check_dataset(manifest, frozenset(bundles))
             async with self._lock:  # an abort that came first wins
-                if manifest.upload_id in self._aborted:
+                if self._refused(manifest.upload_id):
                     raise UploadReplayedError("this upload was aborted (its id is refused)")
                 stored = await asyncio.to_thread(self._commit, header, manifest, bundles)
                 (self._staged if header.staged else self._uploads)[manifest.upload_id] = stored
