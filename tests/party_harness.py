@@ -103,7 +103,7 @@ class Deployment:
             )
             s = replace(s, **overrides)  # type: ignore[arg-type]
             open_state(s)  # first start: the party makes its keys and requests
-            sign_party_requests(ca, s.state_dir)
+            sign_party_requests(ca, s.state_dir, i, s.tls_name)
             settings.append(s)
         key, cert = issue_client_identity(ca, "gateway", root / "gateway" / "gateway.key")
         return cls(root, ca, settings, key, cert)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import stat
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -28,7 +29,8 @@ def test_ca_csr_flow_then_serve(tmp_path: Path, capsys: pytest.CaptureFixture[st
     for key in (state / "keys").iterdir():  # private keys: owner only
         assert stat.S_IMODE(key.stat().st_mode) == 0o600
     assert not (state / "certs").exists()  # nothing signed yet
-    assert main(["pki", "sign", "--ca-dir", str(ca), "--state-dir", str(state)]) == 0
+    assert main(["pki", "sign", "--ca-dir", str(ca), "--state-dir", str(state),
+                 "--party", "carol"]) == 0
     assert (state / "certs" / "control.pem").is_file() and (state / "certs" / "ca.pem").is_file()
     assert not list((state / "certs").glob("*.key"))
     gw.mkdir()
@@ -61,3 +63,79 @@ def test_ca_csr_flow_then_serve(tmp_path: Path, capsys: pytest.CaptureFixture[st
             await srv.stop(0)
 
     asyncio.run(scenario())
+
+
+def test_pki_sign_certifies_only_the_party_it_is_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Corrupted Carol rewrites her requests to claim Alice's index, name and
+    certificate names (control, P0, MPyC party 0), or adds a request named "gateway":
+    `ppfs pki sign --party carol` refuses each, naming the mismatch, and signs nothing.
+    The operator must say whom it certifies; her honest requests are signed and the
+    output says what for."""
+    import shutil
+
+    from cryptography.hazmat.primitives import serialization
+
+    from ppfs.keycert import KeyStatement
+    from ppfs.pki import party_key_and_csr
+
+    ca, state = tmp_path / "ca", tmp_path / "carol"
+    assert main(["pki", "init", "--ca-dir", str(ca)]) == 0
+    assert main(["party", "init", "--state-dir", str(state), "--index", "2"]) == 0
+    pristine = tmp_path / "pristine-csr"
+    shutil.copytree(state / "csr", pristine)
+    keys = json.loads((pristine / "party-keys.json").read_text())
+    capsys.readouterr()
+
+    def as_alice(d: dict[str, object]) -> None:
+        d.update(index=0, name="Alice")
+
+    def csr(name: str, cn: str) -> None:
+        req = party_key_and_csr(tmp_path / "evil" / f"{name}.key", cn)
+        (state / "csr" / f"{name}.csr").write_bytes(req.public_bytes(serialization.Encoding.PEM))
+
+    def key_request(change: Any) -> None:
+        d = dict(keys)
+        change(d)
+        (state / "csr" / "party-keys.json").write_text(json.dumps(d))
+
+    cases: dict[str, tuple[Any, list[str], str]] = {
+        "key request for Alice": (lambda: key_request(as_alice), [],
+                                  "for Alice (index 0), not for Carol (index 2)"),
+        "key request named Alice": (lambda: key_request(lambda d: d.update(name="Alice")),
+                                    [], "names 'Alice', not Carol (index 2)"),
+        "control CN alice": (lambda: csr("control", "alice"), [], "asks for 'alice'"),
+        "control CN gateway": (lambda: csr("control", "gateway"), [], "asks for 'gateway'"),
+        "MP-SPDZ CN P0": (lambda: csr("mpc-mp-spdz", "P0"), [], "asks for 'P0'"),
+        "MPyC CN party 0": (lambda: csr("mpc-mpyc", "MPyC party 0"), [],
+                            "asks for 'MPyC party 0'"),
+        "extra request": (lambda: csr("gateway", "gateway"), [], "not a request a party makes"),
+        "signed as alice": (lambda: None, ["--party", "alice"], "asks for 'carol'"),
+        "control name of Alice": (lambda: None, ["--tls-name", "alice"], "is Alice's (index 0)"),
+        "control name gateway": (lambda: None, ["--tls-name", "gateway"], "the gateway's name"),
+    }
+    for name, (tamper, extra, expected) in cases.items():
+        shutil.rmtree(state / "csr")
+        shutil.copytree(pristine, state / "csr")
+        tamper()
+        argv = ["pki", "sign", "--ca-dir", str(ca), "--state-dir", str(state)]
+        argv += extra if "--party" in extra else ["--party", "carol", *extra]
+        assert main(argv) == 2, name
+        err = capsys.readouterr().err
+        assert expected in err, (name, err)
+        assert not (state / "certs").exists(), name  # nothing signed
+
+    with pytest.raises(SystemExit):  # the operator must say whom it certifies
+        main(["pki", "sign", "--ca-dir", str(ca), "--state-dir", str(state)])
+    capsys.readouterr()
+    shutil.rmtree(state / "csr")
+    shutil.copytree(pristine, state / "csr")
+    assert main(["pki", "sign", "--ca-dir", str(ca), "--state-dir", str(state),
+                 "--party", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "signed Carol (index 2): control CN=carol" in out
+    assert "signed Carol (index 2): party-keys key statement" in out
+    st = KeyStatement.from_bytes((state / "certs" / "party-keys.json").read_bytes())
+    assert (st.index, st.name) == (2, "Carol")
+    assert st.box_public_key == keys["box_public_key"]

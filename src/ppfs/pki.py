@@ -3,13 +3,18 @@
 The deployment's CA signs one TLS certificate per party. Each party's private key
 is generated in that party's own directory and never copied anywhere else; only
 the certificate (public) is shared. The CA key stays with whoever set up the
-deployment and signs nothing but party certificates.
+deployment and signs nothing but party certificates and the gateway's client identity.
 
 The deployment CA's own operations live here too: keeping it on disk
-(:func:`save_ca`, :func:`load_ca`), issuing a control-plane client identity
+(:func:`save_ca`, :func:`load_ca`), issuing the gateway's control-plane client identity
 (:func:`issue_client_identity`) and certifying a party's public box and signing keys
-(:func:`certify_party_key_request`). They read and write public material only, apart
-from the CA key itself.
+(:func:`certify_party_key_request`, for the party the operator names). They read and
+write public material only, apart from the CA key itself.
+
+Only :func:`issue_client_identity` puts :data:`GATEWAY_CONTROL_USAGE` into a
+certificate; a party's certificates, signed from its own requests, never carry it
+(:meth:`CertificateAuthority.issue` takes nothing from a request but its subject and
+key), so no party can present itself to another as the gateway.
 """
 
 from __future__ import annotations
@@ -25,11 +30,25 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ppfs.engines.base import PARTY_NAMES
 
 _VALIDITY = dt.timedelta(days=365)
+
+# The extended key usage that marks the gateway's control-plane client identity: the
+# parties accept PartyService calls only from a certificate that carries it (and names
+# the gateway). An OID under 2.25 (ITU-T X.667: a UUID read as an integer), which needs
+# no registration; drawn once for ppfs.
+GATEWAY_CONTROL_USAGE = x509.ObjectIdentifier("2.25.175183320833884687588697138822764851126")
+# The gateway's client identity's name unless the operator picks another
+# (`ppfs pki client --name`, then `ppfs party serve --gateway-name` on every party).
+DEFAULT_GATEWAY_NAME = "gateway"
+
+
+class PartyRequestRefused(ValueError):
+    """A party's certificate or key request names something this signing is not for
+    (another party's index, name or certificate names, the gateway, an unknown request)."""
 
 
 @dataclass(frozen=True)
@@ -73,13 +92,16 @@ class CertificateAuthority:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
     def issue(
-        self, csr: x509.CertificateSigningRequest, *, dns_san: bool = True
+        self, csr: x509.CertificateSigningRequest, *, dns_san: bool = True,
+        usages: tuple[x509.ObjectIdentifier, ...] = (),
     ) -> x509.Certificate:
         """Sign a party certificate for ``csr``'s subject.
 
         ``dns_san=False`` leaves out the subject alternative name: MPyC matches peers
         by the CN ``MPyC party i``, which contains spaces and so cannot be a DNS name,
         and TLS host-name matching ignores the CN as soon as a SAN is present.
+        ``usages``: extended key usages set by the CA (never taken from the request);
+        none for party certificates.
         """
         if not csr.is_signature_valid:
             raise ValueError("certificate request signature is invalid")
@@ -100,6 +122,8 @@ class CertificateAuthority:
                 x509.SubjectAlternativeName([x509.DNSName(str(cn).replace(" ", "-"))]),
                 critical=False,
             )
+        if usages:
+            builder = builder.add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
         return builder.sign(self.key, hashes.SHA256())
 
 
@@ -159,19 +183,40 @@ def load_ca(directory: Path) -> CertificateAuthority:
 def issue_client_identity(
     ca: CertificateAuthority, common_name: str, key_path: Path
 ) -> tuple[bytes, bytes]:
-    """A control-plane client (the gateway, or a test): key made at ``key_path``,
-    certificate signed by the CA. Returns (key PEM, certificate PEM)."""
+    """The gateway's control-plane client identity (or a test's): key made at
+    ``key_path``, certificate signed by the CA with the client-authentication and
+    :data:`GATEWAY_CONTROL_USAGE` key usages. Returns (key PEM, certificate PEM)."""
     csr = party_key_and_csr(key_path, common_name)
-    cert = ca.issue(csr)
+    cert = ca.issue(csr, usages=(ExtendedKeyUsageOID.CLIENT_AUTH, GATEWAY_CONTROL_USAGE))
     return key_path.read_bytes(), cert.public_bytes(serialization.Encoding.PEM)
 
 
+def has_gateway_usage(cert: x509.Certificate) -> bool:
+    """Whether the CA issued ``cert`` as the gateway's control-plane client identity."""
+    try:
+        eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return False
+    return GATEWAY_CONTROL_USAGE in eku
+
+
+def single_common_name(name: x509.Name) -> str | None:
+    """The CN of a subject that is exactly one common name, else None."""
+    attrs = list(name)
+    if len(attrs) != 1 or attrs[0].oid != NameOID.COMMON_NAME:
+        return None
+    value = attrs[0].value
+    return value if isinstance(value, str) else None
+
+
 def certify_party_key_request(
-    ca: CertificateAuthority, request_path: Path
+    ca: CertificateAuthority, request_path: Path, expected_index: int
 ) -> tuple[bytes, bytes]:
     """The CA's side of a party's key request (``party-keys.json``: index, name, public
-    box and signing keys): check it and return (key statement, CA signature), valid
-    for at most a year and never beyond the CA certificate."""
+    box and signing keys) for party ``expected_index``, the party the operator means to
+    certify: check it and return (key statement, CA signature), valid for at most a year
+    and never beyond the CA certificate. A request naming another index or name is
+    refused (:class:`PartyRequestRefused`)."""
     # imported here: an embedded run (ppfs select) makes its per-run CA with this module
     # and certifies no party keys
     from ppfs.keycert import certify_party_keys
@@ -183,7 +228,19 @@ def certify_party_key_request(
                         ("box_public_key", "signing_public_key"))
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"{request_path}: not a party key request") from None
-    if name != PARTY_NAMES[index] or len(box) != 32 or len(signing) != 32:
+    want = PARTY_NAMES[expected_index]
+    if index != expected_index:
+        who = f"{PARTY_NAMES[index]} " if 0 <= index < len(PARTY_NAMES) else ""
+        raise PartyRequestRefused(
+            f"{request_path}: the key request is for {who}(index {index}), not for {want} "
+            f"(index {expected_index}), the party being signed for"
+        )
+    if name != want:
+        raise PartyRequestRefused(
+            f"{request_path}: the key request names {name[:40]!r}, not {want} "
+            f"(index {expected_index}), the party being signed for"
+        )
+    if len(box) != 32 or len(signing) != 32:
         raise ValueError(f"{request_path}: inconsistent party key request")
     validity = ca.cert.not_valid_after_utc - dt.datetime.now(dt.UTC)
     return certify_party_keys(

@@ -94,13 +94,21 @@ class StackLayout:
 
 def prepare(root: Path, parties: int) -> StackLayout:
     """Make (or reuse) the CA, party states, gateway client identity, keys and tokens."""
+    from cryptography import x509
     from ppfs_client.keys import ClientKeys
     from ppfs_party.config import PartySettings
     from ppfs_party.keys import sign_party_requests
     from ppfs_party.state import open_state
     from ppfs_party.store import register_owner
 
-    from ppfs.pki import CertificateAuthority, issue_client_identity, load_ca, save_ca
+    from ppfs.pki import (
+        DEFAULT_GATEWAY_NAME,
+        CertificateAuthority,
+        has_gateway_usage,
+        issue_client_identity,
+        load_ca,
+        save_ca,
+    )
 
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     layout = StackLayout(root, parties)
@@ -113,11 +121,14 @@ def prepare(root: Path, parties: int) -> StackLayout:
         # (a state made before party keys were certified gets its key statement now)
         if not (state / "certs" / "party-keys.json").exists():
             open_state(PartySettings(state_dir=state, index=i))
-            sign_party_requests(ca, state)
+            sign_party_requests(ca, state, i)
         layout.party_dirs.append(state)
     tls = root / "gateway" / "tls"
-    if not (tls / "gateway.pem").exists():
-        _, cert = issue_client_identity(ca, "gateway", tls / "gateway.key")
+    # (a client certificate made before the parties checked for the gateway's usage is
+    # replaced: the parties would refuse it)
+    if not (tls / "gateway.pem").exists() or not has_gateway_usage(
+            x509.load_pem_x509_certificate((tls / "gateway.pem").read_bytes())):
+        _, cert = issue_client_identity(ca, DEFAULT_GATEWAY_NAME, tls / "gateway.key")
         (tls / "gateway.pem").write_bytes(cert)
         (tls / "ca.pem").write_bytes(ca.cert_pem())
     for _, subject in PRINCIPALS:

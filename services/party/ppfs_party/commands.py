@@ -2,8 +2,8 @@
 
     ppfs pki init  --ca-dir CA                       # the deployment CA (operator)
     ppfs party init --state-dir S --index I          # keys + certificate requests
-    ppfs pki sign  --ca-dir CA --state-dir S         # CA signs the party's requests
-    ppfs pki client --ca-dir CA --name gateway --out DIR   # a control-plane client
+    ppfs pki sign  --ca-dir CA --state-dir S --party P   # CA signs party P's requests
+    ppfs pki client --ca-dir CA --name gateway --out DIR   # the gateway's client identity
     ppfs pki fingerprint --ca-dir CA                 # the clients' trust anchor
     ppfs party add-owner --state-dir S --owner-id ID --public-key HEX
     ppfs party serve --state-dir S --index I --listen HOST:PORT --mpc-port P ...
@@ -22,7 +22,13 @@ from typing import Any
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import PpfsError
 from ppfs.logfmt import configure_logging
-from ppfs.pki import CertificateAuthority, issue_client_identity, load_ca, save_ca
+from ppfs.pki import (
+    DEFAULT_GATEWAY_NAME,
+    CertificateAuthority,
+    issue_client_identity,
+    load_ca,
+    save_ca,
+)
 from ppfs_party.config import DEFAULT_BUNDLE_CACHE, DEFAULT_MAX_UPLOAD, MpcDial, PartySettings
 from ppfs_party.keys import sign_party_requests
 from ppfs_party.state import open_state
@@ -39,6 +45,10 @@ def add_commands(subparsers: Any) -> None:
                        help="control-plane address (port 0: any free port)")
     serve.add_argument("--tls-name", default=None,
                        help="control-plane certificate name (default: the party's name)")
+    serve.add_argument("--gateway-name", default=DEFAULT_GATEWAY_NAME, metavar="NAME",
+                       help="accept PartyService calls only from the gateway's client "
+                            "identity of this name (`ppfs pki client --name`; default "
+                            f"{DEFAULT_GATEWAY_NAME})")
     serve.add_argument("--mpc-host", default="127.0.0.1",
                        help="where peers reach this party's engine")
     serve.add_argument("--mpc-port", type=int, default=14000,
@@ -95,13 +105,24 @@ def add_commands(subparsers: Any) -> None:
     ca_init = ksub.add_parser("init", help="create the deployment CA (key stays in CA_DIR)")
     ca_init.add_argument("--ca-dir", type=Path, required=True)
     ca_init.set_defaults(func=_pki_init)
-    sign = ksub.add_parser("sign", help="sign a party's certificate requests")
+    sign = ksub.add_parser(
+        "sign", help="sign a party's certificate requests and key statement, for the party "
+                     "named by --party only")
     sign.add_argument("--ca-dir", type=Path, required=True)
     sign.add_argument("--state-dir", type=Path, required=True)
+    sign.add_argument("--party", type=_party_index, required=True, metavar="NAME|INDEX",
+                      help="the party you mean to certify (alice, bob, carol, dave or "
+                           "0..3): requests for any other party are refused")
+    sign.add_argument("--tls-name", default=None,
+                      help="the control-plane certificate name the party was set up with "
+                           "(default: its name in lower case)")
     sign.set_defaults(func=_pki_sign)
-    client = ksub.add_parser("client", help="key and certificate for a control-plane client")
+    client = ksub.add_parser(
+        "client", help="key and certificate for the gateway's control-plane client identity")
     client.add_argument("--ca-dir", type=Path, required=True)
-    client.add_argument("--name", default="gateway")
+    client.add_argument("--name", default=DEFAULT_GATEWAY_NAME,
+                        help="its name; parties accept it with --gateway-name NAME "
+                             f"(default {DEFAULT_GATEWAY_NAME})")
     client.add_argument("--out", type=Path, required=True)
     client.set_defaults(func=_pki_client)
     fpr = ksub.add_parser(
@@ -119,13 +140,24 @@ def _state_args(p: argparse.ArgumentParser) -> None:
                    help="0 Alice, 1 Bob, 2 Carol, 3 Dave")
 
 
+def _party_index(text: str) -> int:
+    """``--party``: a name (any case) or an index."""
+    names = [n.lower() for n in PARTY_NAMES]
+    if text.isdigit() and int(text) < len(PARTY_NAMES):
+        return int(text)
+    if text.lower() in names:
+        return names.index(text.lower())
+    raise argparse.ArgumentTypeError(
+        f"unknown party {text!r}: one of {', '.join(names)} or 0..{len(PARTY_NAMES) - 1}")
+
+
 def _settings(args: argparse.Namespace) -> PartySettings:
     kwargs: dict[str, Any] = {"state_dir": args.state_dir, "index": args.index,
                               "tls_name": args.tls_name}
     if getattr(args, "listen", None) is not None:
         kwargs.update(
             listen=args.listen, mpc_host=args.mpc_host, mpc_port_base=args.mpc_port,
-            mpc_port_count=args.mpc_port_count,
+            mpc_port_count=args.mpc_port_count, gateway_name=args.gateway_name,
             max_concurrent_jobs=args.max_concurrent_jobs,
             mpc_bind_host=args.mpc_bind_host, max_upload_bytes=args.max_upload_bytes,
             bundle_cache_bytes=args.bundle_cache_mib << 20,
@@ -176,8 +208,14 @@ def _pki_init(args: argparse.Namespace) -> int:
 
 
 def _pki_sign(args: argparse.Namespace) -> int:
-    for name in sign_party_requests(load_ca(args.ca_dir), args.state_dir):
-        print(f"signed {name}")
+    try:
+        signed = sign_party_requests(load_ca(args.ca_dir), args.state_dir, args.party,
+                                     args.tls_name)
+    except (ValueError, OSError) as exc:
+        print(f"ppfs pki sign: error: {exc}", file=sys.stderr)
+        return 2
+    for item in signed:
+        print(item)
     return 0
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import ParameterError
+from ppfs.pki import DEFAULT_GATEWAY_NAME
 
 DEFAULT_MAX_UPLOAD = 1 << 30  # bytes of one sealed part
 DEFAULT_BUNDLE_CACHE = 256 << 20  # a SPEED-sized upload's data is 16 MiB per party
@@ -87,6 +88,9 @@ class PartySettings:
     index: int  # 0..3: Alice, Bob, Carol, Dave
     listen: str = "127.0.0.1:0"  # control plane (gRPC, mutual TLS); port 0 in tests
     tls_name: str | None = None  # control-plane certificate name; default the party's name
+    # PartyService calls are accepted only from the CA-issued gateway client identity
+    # (ppfs.pki.GATEWAY_CONTROL_USAGE) with this CN (`ppfs pki client --name`)
+    gateway_name: str = DEFAULT_GATEWAY_NAME
     mpc_host: str = "127.0.0.1"  # where peers reach this party's engine (GetIdentity)
     mpc_port_base: int = 14000  # this party's first engine port
     mpc_port_count: int = 1  # engine ports base..base+count-1; the gateway rotates jobs over them
@@ -116,6 +120,8 @@ class PartySettings:
             raise ParameterError("max_upload_bytes must be positive")
         if self.bundle_cache_bytes < 0:
             raise ParameterError("bundle_cache_bytes must be 0 or more")
+        if not self.gateway_name.strip():
+            raise ParameterError("--gateway-name must not be empty")
         seen: set[int] = set()
         for d in self.mpc_dial:
             if d.party == self.index:

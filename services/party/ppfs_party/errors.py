@@ -59,11 +59,17 @@ class NotReadyError(PartyError):
     """The party's certificates have not been installed yet (``ppfs pki sign``)."""
 
 
+class CallerNotGatewayError(PartyError):
+    """A PartyService call whose TLS client certificate is not the gateway's control
+    identity (a party's own certificate, or another client identity)."""
+
+
 # Most specific first: the first class in an error's MRO found here decides.
 _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     NotFoundError: grpc.StatusCode.NOT_FOUND,
     UploadReplayedError: grpc.StatusCode.ALREADY_EXISTS,
     UploadUnauthorizedError: grpc.StatusCode.PERMISSION_DENIED,
+    CallerNotGatewayError: grpc.StatusCode.PERMISSION_DENIED,
     UploadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     JobConflictError: grpc.StatusCode.FAILED_PRECONDITION,
     UploadDecisionError: grpc.StatusCode.FAILED_PRECONDITION,

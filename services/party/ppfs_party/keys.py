@@ -10,11 +10,16 @@ Private keys (mode 0600) never leave ``<state>/keys``:
 
 For each TLS key the party writes a certificate request to ``<state>/csr``, and its
 public box and signing keys (with its index and name) to ``<state>/csr/party-keys.json``.
-The deployment CA signs them (:func:`sign_party_requests`, ``ppfs pki sign``; the CA's
-own operations are in ppfs.pki) and writes
+The deployment CA signs them for the party the operator names (:func:`sign_party_requests`,
+``ppfs pki sign --party``; the CA's own operations are in ppfs.pki) and writes
 the certificates, the key statement (``certs/party-keys.json`` and ``.sig``,
 ppfs.keycert) and its own certificate to ``<state>/certs``: only public material
 crosses. Clients refuse a party's keys without a key statement from their trust anchor.
+
+The CA trusts nothing in the state directory it signs: a request is signed only when
+it is one a party makes (``control``, ``mpc-<engine>``) and asks for exactly that
+party's name (its control name, ``P<i>``, ``MPyC party <i>``), and the key request only
+for that party's index and name; anything else is refused before anything is signed.
 """
 
 from __future__ import annotations
@@ -30,10 +35,14 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from ppfs.engines.base import PARTY_NAMES, Engine
+from ppfs.engines.registry import ENGINE_NAMES, get_engine
 from ppfs.pki import (
+    DEFAULT_GATEWAY_NAME,
     CertificateAuthority,
+    PartyRequestRefused,
     certify_party_key_request,
     party_key_and_csr,
+    single_common_name,
     write_cert,
     write_private_key,
 )
@@ -49,10 +58,24 @@ def _mpc(engine: str) -> str:
 
 @dataclass(frozen=True)
 class CertRequest:
-    """What the CA needs to sign one of a party's requests."""
+    """One certificate a party asks for: what the CA signs for it, nothing more."""
 
     name: str  # control, mpc-mp-spdz, mpc-mpyc
+    common_name: str  # control: the party's control name; MPC: the engine's P<i> / MPyC party <i>
     dns_san: bool
+
+
+@dataclass(frozen=True)
+class Certified:
+    """What ``ppfs pki sign`` signed: one certificate, or the key statement."""
+
+    party: str
+    index: int
+    request: str  # control, mpc-<engine>, party-keys
+    subject: str  # the certificate's CN, or what the key statement certifies
+
+    def __str__(self) -> str:
+        return f"signed {self.party} (index {self.index}): {self.request} {self.subject}"
 
 
 @dataclass
@@ -137,30 +160,96 @@ def load_or_create(
     return PartyKeys(state_dir, box, signing)
 
 
-def pending_requests(state_dir: Path) -> list[CertRequest]:
-    """The party's certificate requests (MPyC's without DNS SAN: see ppfs.pki)."""
-    return [
-        CertRequest(p.stem, dns_san=p.stem != _mpc("mpyc"))
-        for p in sorted((state_dir / "csr").glob("*.csr"))
-    ]
+def party_requests(index: int, control_name: str | None = None) -> dict[str, CertRequest]:
+    """The certificates party ``index`` may ask for, by request name: its control
+    certificate (``control_name``, default its name in lower case) and one per engine
+    with the name that engine checks peers by (``Engine.mpc_subject``)."""
+    control = control_name or PARTY_NAMES[index].lower()
+    out = {CONTROL: CertRequest(CONTROL, control, dns_san=True)}
+    for engine in ENGINE_NAMES:
+        cn, dns_san = get_engine(engine).mpc_subject(index)
+        out[_mpc(engine)] = CertRequest(_mpc(engine), cn, dns_san)
+    return out
 
 
-def sign_party_requests(ca: CertificateAuthority, state_dir: Path) -> list[str]:
-    """The deployment CA's step on a party's state directory: sign every request the
-    party wrote, install the certificates, its key statement and the CA certificate.
-    Reads and writes public material only."""
-    done = []
-    for req in pending_requests(state_dir):
-        csr = x509.load_pem_x509_csr((state_dir / "csr" / f"{req.name}.csr").read_bytes())
-        write_cert(state_dir / "certs" / f"{req.name}.pem", ca.issue(csr, dns_san=req.dns_san))
-        done.append(req.name)
+def _check_control_name(index: int, control_name: str) -> None:
+    """A control name that is another party's or the gateway's (by its default name; the
+    parties also require the CA's gateway usage, which no party certificate carries) is
+    never certified."""
+    lowered = control_name.strip().lower()
+    if not lowered or lowered == DEFAULT_GATEWAY_NAME:
+        raise PartyRequestRefused(
+            f"control name {control_name[:40]!r}: a party's control certificate cannot "
+            "carry the gateway's name")
+    for j in range(len(PARTY_NAMES)):
+        if j == index:
+            continue
+        taken = {r.common_name.lower() for r in party_requests(j).values()}
+        if lowered in taken:
+            raise PartyRequestRefused(
+                f"control name {control_name[:40]!r} is {PARTY_NAMES[j]}'s (index {j}); "
+                f"{PARTY_NAMES[index]} cannot be certified under it")
+
+
+def _checked_requests(
+    state_dir: Path, index: int, control_name: str | None
+) -> list[tuple[CertRequest, x509.CertificateSigningRequest]]:
+    """Every certificate request in ``state_dir/csr``, each checked to be one party
+    ``index`` may make; the first that is not is refused, naming the mismatch."""
+    allowed = party_requests(index, control_name)
+    _check_control_name(index, allowed[CONTROL].common_name)
+    who = f"{PARTY_NAMES[index]} (index {index})"
+    checked = []
+    for path in sorted((state_dir / "csr").glob("*.csr")):
+        req = allowed.get(path.stem)
+        if req is None:
+            raise PartyRequestRefused(
+                f"{path}: not a request a party makes (only "
+                f"{', '.join(f'{n}.csr' for n in allowed)}); nothing signed")
+        try:
+            csr = x509.load_pem_x509_csr(path.read_bytes())
+        except ValueError:
+            raise PartyRequestRefused(f"{path}: not a certificate request") from None
+        if not csr.is_signature_valid:
+            raise PartyRequestRefused(f"{path}: the request's signature is invalid")
+        cn = single_common_name(csr.subject)
+        if cn != req.common_name:
+            asked = repr(cn[:40]) if cn is not None else "another subject"
+            raise PartyRequestRefused(
+                f"{path}: asks for {asked}; the {req.name} certificate of {who} is "
+                f"{req.common_name!r}; nothing signed")
+        checked.append((req, csr))
+    return checked
+
+
+def sign_party_requests(
+    ca: CertificateAuthority, state_dir: Path, index: int, control_name: str | None = None
+) -> list[Certified]:
+    """The deployment CA's step on a party's state directory, for party ``index`` (the
+    party the operator means to certify, never what the directory claims): check every
+    request the party wrote (:func:`party_requests`, the key request's index and name),
+    then sign them and install the certificates, its key statement and the CA
+    certificate. Refuses (PartyRequestRefused) before signing anything when a request
+    belongs to another party or is not one a party makes. Reads and writes public
+    material only."""
+    if not 0 <= index < len(PARTY_NAMES):
+        raise PartyRequestRefused(f"party index must be 0..{len(PARTY_NAMES) - 1}")
+    name = PARTY_NAMES[index]
+    checked = _checked_requests(state_dir, index, control_name)
     keys_req = state_dir / "csr" / KEY_REQUEST
+    statement = None
     if keys_req.is_file():
-        statement, signature = certify_party_key_request(ca, keys_req)
+        statement = certify_party_key_request(ca, keys_req, index)
+    done = []
+    for req, csr in checked:
+        write_cert(state_dir / "certs" / f"{req.name}.pem", ca.issue(csr, dns_san=req.dns_san))
+        done.append(Certified(name, index, req.name, f"CN={req.common_name}"))
+    if statement is not None:
         (state_dir / "certs").mkdir(parents=True, exist_ok=True)
-        (state_dir / "certs" / KEY_REQUEST).write_bytes(statement)
-        (state_dir / "certs" / "party-keys.sig").write_bytes(signature)
-        done.append("party-keys")
+        (state_dir / "certs" / KEY_REQUEST).write_bytes(statement[0])
+        (state_dir / "certs" / "party-keys.sig").write_bytes(statement[1])
+        done.append(Certified(name, index, "party-keys",
+                              "key statement (box and signing keys)"))
     write_cert(state_dir / "certs" / "ca.pem", ca.cert)
     return done
 

@@ -1,5 +1,8 @@
 """The party daemon's gRPC server: mutual TLS, PartyService and the health service.
 
+TLS admits any certificate of the deployment CA; PartyService then answers the
+gateway's control identity only (ppfs_party.control_access); health answers any.
+
 Lifecycle (grpc.aio): :func:`start_party_server` opens the state, binds (port 0 in
 tests: the bound port comes back) and marks the services SERVING; :meth:`PartyServer.stop`
 marks them NOT_SERVING, stops every unfinished job (killing its engine process)
@@ -19,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from ppfs.metrics_listener import MetricsListener, serve_metrics
 from ppfs.v1 import party_pb2, party_pb2_grpc
 from ppfs_party.config import PartySettings
+from ppfs_party.control_access import GatewayOnly
 from ppfs_party.servicer import PartyServicer
 from ppfs_party.state import PartyState, open_state
 
@@ -75,7 +79,10 @@ async def start_party_server(
     credentials = grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=True
     )
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    # every PartyService call must come from the gateway's client identity, checked
+    # from its TLS certificate; the health service is left open to the deployment
+    server = grpc.aio.server(options=SERVER_OPTIONS,
+                             interceptors=[GatewayOnly(state, SERVICE_NAME)])
     party_pb2_grpc.add_PartyServiceServicer_to_server(PartyServicer(state), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
