@@ -35,10 +35,12 @@ from ppfs.contract import (
     Consent,
     DatasetSchema,
     JobContract,
+    JobRequest,
     PinnedDataset,
     PinnedUpload,
     Reveal,
     SignedConsent,
+    SignedRequest,
     description_sha256,
     plan,
 )
@@ -250,12 +252,13 @@ def describe_job(
     k: int, security: str, engine: str, recipient_public_key: bytes, peers: Sequence[str],
     combination: str = "horizontal", train: TrainParams | None = None,
     consents: Sequence[SignedConsent] | None = None, recipient: str | None = None,
-    scorer: Scorer = Scorer.MS_GINI,
+    scorer: Scorer = Scorer.MS_GINI, request: SignedRequest | None = None,
 ) -> party_pb2.JobDescription:
     """The description a gateway would send: each data set pinned to exactly these
     uploads (in this order), planned from their manifests (ppfs.contract.plan). The
     recipient is the mask's owner; without ``consents`` every owner of an upload
-    consents to what the job reveals to it."""
+    consents to what the job reveals to it; without ``request`` the recipient signs a
+    request for exactly this job."""
     pinned, schemas = [], []
     for ups in datasets:
         mans = [Manifest.from_bytes(u.manifest) for u in ups]
@@ -276,14 +279,18 @@ def describe_job(
                     recipient_public_key, reveal).sign(u.owner_key)
             for ups in datasets for u in ups if u.owner_key is not None
         ]
-    return JobContract(
+    job = JobContract(
         job_id=job_id, datasets=tuple(pinned), combination=comb, label_column=label, k=k,
         security=Security(security), engine=engine,
         frac_bits=planned.frac_bits, recipient_public_key=recipient_public_key,
         mask_upload_id=mask.upload_id, m=planned.m, p=planned.p, classes=len(planned.classes),
         training=train, peer_mpc_addresses=tuple(peers), consents=tuple(consents),
         recipient=recipient, scorer=scorer,
-    ).to_proto()
+    )
+    if request is None and mask.owner_key is not None:
+        # the recipient (the mask's owner) asks for exactly this job
+        request = JobRequest.for_job(job).sign(mask.owner_key)
+    return replace(job, request=request).to_proto()
 
 
 def upload_messages(

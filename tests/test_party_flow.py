@@ -328,7 +328,9 @@ def test_cancel_kills_the_engine_process(tmp_path: Path) -> None:
                 mask2 = mask_upload(rec, box, draw_mask_words(shape.outputs),
                                     dataset_id="m", upload_id="m2")
                 await stub.PutUploadPart(upload_messages(mask2, 0))
-                desc.job_id, desc.mask_upload_id = "j2", "m2"
+                desc = describe_job(
+                    "j2", [[up]], mask=mask2, k=1, security="passive-3pc", engine="mpyc",
+                    recipient_public_key=bytes(rec.box.public_key), peers=dep.peer_addresses())
                 await stub.StartJob(start_requests(desc))
         finally:
             await srv.stop(0)

@@ -463,6 +463,99 @@ def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path:
     asyncio.run(scenario())
 
 
+def test_turned_gateway_cannot_change_what_the_recipient_asked_for(tmp_path: Path) -> None:
+    """The gateway's own identity on the parties, with the owner's consent and the
+    recipient's masks in order, but the job not as the recipient signed it: MP-SPDZ in
+    active 3PC asked for, MPyC in passive 3PC sent (a downgrade); another k; another
+    scorer; the request signed by the gateway's own key; no request at all. Each refused
+    by every party, naming what differs; the job as asked is accepted."""
+    import asyncio
+
+    from party_harness import (
+        Deployment,
+        data_upload,
+        describe_job,
+        mask_upload,
+        start_requests,
+        upload_messages,
+    )
+    from ppfs_party.server import start_party_server
+
+    from ppfs.contract import Consent, JobContract, JobRequest, Reveal
+    from ppfs.fixedpoint import FixedPoint
+    from ppfs.scoring import Scorer
+    from ppfs.v1 import party_pb2
+    from ppfs.v1.party_pb2_grpc import PartyServiceStub
+
+    async def scenario() -> None:
+        dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
+        servers = [await start_party_server(st) for st in dep.settings]
+        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+        try:
+            stubs = [PartyServiceStub(c) for c in channels]
+            box = [(await st.GetIdentity(party_pb2.GetIdentityRequest())).box_public_key
+                   for st in stubs]
+            t = make_table(12, 3, seed=4)
+            fp = FixedPoint()
+            exps = fp.choose_exponents(t.x, t.columns)
+            owner, rec = dep.add_owner("owner-a"), dep.add_owner("analyst")
+            gw = dep.add_owner("gateway-admin")
+            data = data_upload(owner, box, fp.encode(t.x, exps, t.columns), t.columns, exps,
+                               dataset_id="ds", upload_id="u1", onehot=t.one_hot(),
+                               label_column=t.label_column, classes=t.classes)
+            mask = mask_upload(rec, box, np.zeros((1, 2), dtype=np.uint64),
+                               dataset_id="m", upload_id="m1")
+            for up in (data, mask):
+                for i, st in enumerate(stubs):
+                    await st.PutUploadPart(upload_messages(up, i))
+            ana = bytes(rec.box.public_key)
+            consent = [Consent("owner-a", "ds", "analyst", ana, Reveal.SELECTION).sign(owner.key)]
+
+            def job(job_id: str, **kw: Any) -> Any:
+                args: dict[str, Any] = {"k": 1, "security": "passive-3pc", "engine": "mpyc"}
+                args.update(kw)
+                return describe_job(job_id, [[data]], mask=mask, recipient_public_key=ana,
+                                    peers=dep.peer_addresses(), consents=consent, **args)
+
+            def asked(job_id: str, **kw: Any) -> Any:
+                """The recipient's signed request for the job with ``kw``."""
+                return JobContract.from_proto(job(job_id, **kw)).request
+
+            same = JobContract.from_proto(job("j-gw"))
+            unsigned = job("j-none")
+            unsigned.ClearField("request")
+            cases = {
+                "j-down": (job("j-down", request=asked(
+                    "j-down", security="active-3pc", engine="mp-spdz")), "engine, security"),
+                "j-k": (job("j-k", request=asked("j-k", k=2)), "in: k"),
+                "j-scorer": (job("j-scorer", scorer=Scorer.PEARSON,
+                                 request=asked("j-scorer")), "in: scorer"),
+                "j-gw": (job("j-gw", request=JobRequest.for_job(same).sign(gw.key)),
+                         "not signed by its recipient"),
+                "j-none": (unsigned, "carries no request"),
+            }
+            for name, (desc, says) in cases.items():
+                for st in stubs:
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await st.StartJob(start_requests(desc))
+                    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+                    assert says in (info.value.details() or ""), (name, info.value.details())
+                    with pytest.raises(grpc.aio.AioRpcError):  # nothing runs
+                        await st.GetJob(party_pb2.GetJobRequest(job_id=desc.job_id))
+            ok = job("j-ok")
+            for st in stubs:
+                await st.StartJob(start_requests(ok))
+            for st in stubs:
+                await st.CancelJob(party_pb2.CancelJobRequest(job_id="j-ok"))
+        finally:
+            for c in channels:
+                await c.close()
+            for srv in servers:
+                await srv.stop(0)
+
+    asyncio.run(scenario())
+
+
 def test_consent_command_stores_a_signed_consent_every_job_carries(
     stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -31,16 +31,18 @@ import numpy as np
 
 from ppfs.contract import (
     Consent,
+    JobRequest,
     ResultRejected,
     ResultStatement,
     Reveal,
     open_result,
     open_result_statement,
     service_shape,
+    training_body,
     training_from_body,
 )
 from ppfs.engines.base import PARTY_NAMES
-from ppfs.errors import PpfsError, ShareFormatError
+from ppfs.errors import ParameterError, PpfsError, ShareFormatError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.keycert import NoTrustAnchor, TrustAnchor, UntrustedPartyKey, verify_party_keys
 from ppfs.sharing import Scheme, bundles_for_all
@@ -423,6 +425,19 @@ class GatewayClient:
         if mask_upload_id is None:
             mask_upload_id = self.create_masks(keys, count, deployment=dep)
         body["mask_upload_id"] = mask_upload_id
+        # what every party will check the job against: only what is asked here runs
+        try:
+            asked_training = training_body(training_from_body(training))
+        except ParameterError:
+            asked_training = training  # out of range: the gateway refuses the job, naming it
+        req = JobRequest(
+            recipient=keys.subject, recipient_public_key=keys.box_public_key,
+            mask_upload_id=mask_upload_id, dataset_ids=tuple(dataset_ids),
+            combination=combination, label_column=label, k=k, security=security,
+            engine=engine, scorer=scorer, training=asked_training,
+        ).sign(keys.signing)
+        body["request"] = {"statement": base64.b64encode(req.statement).decode(),
+                           "signature": base64.b64encode(req.signature).decode()}
         return self.submit_job(body)
 
     def validate_job(self, body: dict[str, Any]) -> dict[str, Any]:

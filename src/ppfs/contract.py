@@ -64,9 +64,10 @@ from ppfs.step2a import Security, Step2AShape
 from ppfs.step2b import TrainParams
 from ppfs.v1 import party_pb2 as pb
 
-CONTRACT_VERSION = 2  # 2: owner consents, the recipient and the scorer
+CONTRACT_VERSION = 3  # 2: owner consents, the recipient and the scorer; 3: the request
 CONSENT_PURPOSE = "ppfs consent v1"
 RESULT_PURPOSE = "ppfs result v1"
+REQUEST_PURPOSE = "ppfs job request v1"
 ENGINES = ("mp-spdz", "mpyc")
 SESSION_TAG_BITS = 63
 
@@ -404,6 +405,86 @@ def check_consents(
         )
 
 
+class RequestError(ParameterError):
+    """A job's parameters are not the ones its recipient signed."""
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What the recipient asked for, signed with its registered key: every party runs a
+    job only as requested (the gateway, which fills in the rest, cannot change the
+    security setting, the engine, the scorer, the data sets or how they are combined,
+    k or the training parameters). The data sets are named in order (the order in which
+    they are combined)."""
+
+    recipient: str
+    recipient_public_key: bytes
+    mask_upload_id: str
+    dataset_ids: tuple[str, ...]
+    combination: str
+    label_column: str
+    k: int
+    security: str
+    engine: str
+    scorer: str
+    training: Mapping[str, Any] | None
+
+    @classmethod
+    def for_job(cls, job: JobContract) -> JobRequest:
+        """The request a job fulfils."""
+        return cls(job.recipient, job.recipient_public_key, job.mask_upload_id,
+                   job.dataset_ids, job.combination.value, job.label_column, job.k,
+                   job.security.value, job.engine, job.scorer.value,
+                   training_body(job.training))
+
+    def to_bytes(self) -> bytes:
+        return _canonical({
+            "purpose": REQUEST_PURPOSE, "recipient": self.recipient,
+            "recipient_public_key": _b64(self.recipient_public_key),
+            "mask_upload_id": self.mask_upload_id, "dataset_ids": list(self.dataset_ids),
+            "combination": self.combination, "label_column": self.label_column,
+            "k": self.k, "security": self.security, "engine": self.engine,
+            "scorer": self.scorer, "training": self.training,
+        })
+
+    def sign(self, key: SigningKey) -> SignedRequest:
+        blob = self.to_bytes()
+        return SignedRequest(blob, key.sign(blob).signature)
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    statement: bytes
+    signature: bytes
+
+
+def check_request(job: JobContract, recipient_key: bytes | None) -> None:
+    """A party's own check that the job is what its recipient asked for: the request it
+    carries is signed by the recipient's registered key (``recipient_key``, None when
+    the recipient is not registered with this party) and states exactly this job's
+    parameters. RequestError naming the difference otherwise."""
+    if job.request is None:
+        raise RequestError("the job carries no request signed by its recipient")
+    if recipient_key is None:
+        raise RequestError(f"the recipient {job.recipient!r} is not registered with this party")
+    try:
+        VerifyKey(recipient_key).verify(job.request.statement, job.request.signature)
+    except (BadSignatureError, ValueError):
+        raise RequestError(
+            f"the job's request is not signed by its recipient {job.recipient!r}") from None
+    try:
+        asked = json.loads(job.request.statement)
+    except ValueError:
+        raise RequestError("the job's request is malformed") from None
+    runs = json.loads(JobRequest.for_job(job).to_bytes())
+    if not isinstance(asked, dict) or asked.get("purpose") != REQUEST_PURPOSE:
+        raise RequestError("the job's request is malformed")
+    differ = sorted(f for f in runs.keys() | asked.keys() if runs.get(f) != asked.get(f))
+    if differ:
+        raise RequestError("the job differs from what its recipient asked for in: "
+                           + ", ".join(differ)[:300])
+
+
 @dataclass(frozen=True)
 class JobContract:
     """One job, fully stated. Build with :meth:`planned` or :meth:`from_proto`."""
@@ -426,6 +507,7 @@ class JobContract:
     consents: tuple[SignedConsent, ...] = ()
     recipient: str = ""  # the recipient's subject
     scorer: Scorer = Scorer.MS_GINI
+    request: SignedRequest | None = None  # the recipient's, signed (JobRequest)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -488,6 +570,9 @@ class JobContract:
             recipient=self.recipient,
             scorer=self.scorer.value,
         )
+        if self.request is not None:
+            desc.request.CopyFrom(pb.RecipientRequest(statement=self.request.statement,
+                                                      signature=self.request.signature))
         if self.training is not None:
             t = self.training
             desc.training.CopyFrom(pb.TrainingParameters(
@@ -534,6 +619,8 @@ class JobContract:
             consents=tuple(SignedConsent(c.statement, c.signature) for c in desc.consents),
             recipient=desc.recipient,
             scorer=parse_scorer(desc.scorer),
+            request=(SignedRequest(desc.request.statement, desc.request.signature)
+                     if desc.HasField("request") else None),
         )
         if job.outputs != desc.outputs:
             raise ParameterError(

@@ -39,6 +39,7 @@ from ppfs.contract import (
     PinnedUpload,
     Reveal,
     SignedConsent,
+    SignedRequest,
     description_sha256,
     parse_scorer,
     plan,
@@ -81,6 +82,7 @@ class JobSpec:
     mask_upload_id: str
     training: dict[str, Any] | None = None
     scorer: str = "ms-gini"
+    request: SignedRequest | None = None  # the recipient's; relayed, checked by the parties
 
 
 @dataclass(frozen=True)
@@ -275,7 +277,7 @@ def plan_job(
         classes=len(planned.classes), training=training,
         scorer=parse_scorer(spec.scorer),
         peer_mpc_addresses=tuple(f"{i.mpc_host}:{mpc_port(i, sequence)}" for i in identities),
-        consents=tuple(consents), recipient=who.subject,
+        consents=tuple(consents), recipient=who.subject, request=spec.request,
     )
     shape = job.shape
     if found is not None and found[2] != shape.outputs:

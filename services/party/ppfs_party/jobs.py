@@ -7,7 +7,9 @@ this party's part in it (engine, index, its assigned MPC port), the pinned uploa
 (ppfs_party.combine.pinned_uploads) and the owners' consents (ppfs.contract.check_consents:
 every owner of a pinned upload signed, with its key registered here, a consent naming
 the job's recipient and key and what the job reveals; the mask upload was signed by
-that recipient for that key). The gateway's own checks are not relied on. It then
+that recipient for that key) and the recipient's request (ppfs.contract.check_request:
+the job's parameters are exactly those the recipient signed). The gateway's own checks
+are not relied on. It then
 records the job (queued, durably) and answers at once. Compiling the program is the
 job's first phase, reported as progress; a compile that finishes after the job was
 cancelled still lands in the engine's cache for the next job of the same program. The
@@ -64,6 +66,7 @@ from ppfs.contract import (
     Plan,
     ResultStatement,
     check_consents,
+    check_request,
     description_sha256,
     failure_kind,
 )
@@ -305,13 +308,16 @@ class JobRunner:
         mask = self.store.upload(job.mask_upload_id)
         if mask.kinds != frozenset({"mask"}):
             raise ParameterError("the mask upload holds no mask words")
+        owners = self.store.owners()
         check_consents(
             job,
             {ds.dataset_id: [u.manifest.owner_id for u in ups]
              for ds, ups in zip(job.datasets, found, strict=True)},
-            self.store.owners(), mask.manifest.owner_id,
+            owners, mask.manifest.owner_id,
             base64.b64decode(mask.manifest.recipient_public_key),
         )
+        # the parameters are the recipient's, not the gateway's: signed by the recipient
+        check_request(job, owners.get(job.recipient))
         # Two openings under one mask would reveal the difference of two results.
         if any(r.mask_upload_id == job.mask_upload_id for r in self._records.values()):
             raise JobConflictError("the mask upload was used by another job: upload new masks")

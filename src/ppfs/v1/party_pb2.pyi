@@ -251,7 +251,7 @@ class TrainingParameters(_message.Message):
     def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., seed: _Optional[int] = ..., frac_bits: _Optional[int] = ..., sigmoid: _Optional[str] = ..., weight_bits: _Optional[int] = ...) -> None: ...
 
 class JobDescription(_message.Message):
-    __slots__ = ("job_id", "dataset_ids", "combination", "label_column", "k", "security", "engine", "frac_bits", "training", "recipient_public_key", "mask_upload_id", "peer_mpc_addresses", "datasets", "m", "p", "classes", "outputs", "contract_version", "consents", "recipient", "scorer")
+    __slots__ = ("job_id", "dataset_ids", "combination", "label_column", "k", "security", "engine", "frac_bits", "training", "recipient_public_key", "mask_upload_id", "peer_mpc_addresses", "datasets", "m", "p", "classes", "outputs", "contract_version", "consents", "recipient", "request", "scorer")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_IDS_FIELD_NUMBER: _ClassVar[int]
     COMBINATION_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +272,7 @@ class JobDescription(_message.Message):
     CONTRACT_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONSENTS_FIELD_NUMBER: _ClassVar[int]
     RECIPIENT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
     SCORER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     dataset_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -293,10 +294,19 @@ class JobDescription(_message.Message):
     contract_version: int
     consents: _containers.RepeatedCompositeFieldContainer[OwnerConsent]
     recipient: str
+    request: RecipientRequest
     scorer: str
-    def __init__(self, job_id: _Optional[str] = ..., dataset_ids: _Optional[_Iterable[str]] = ..., combination: _Optional[_Union[Combination, str]] = ..., label_column: _Optional[str] = ..., k: _Optional[int] = ..., security: _Optional[str] = ..., engine: _Optional[str] = ..., frac_bits: _Optional[int] = ..., training: _Optional[_Union[TrainingParameters, _Mapping]] = ..., recipient_public_key: _Optional[bytes] = ..., mask_upload_id: _Optional[str] = ..., peer_mpc_addresses: _Optional[_Iterable[str]] = ..., datasets: _Optional[_Iterable[_Union[PinnedDataset, _Mapping]]] = ..., m: _Optional[int] = ..., p: _Optional[int] = ..., classes: _Optional[int] = ..., outputs: _Optional[int] = ..., contract_version: _Optional[int] = ..., consents: _Optional[_Iterable[_Union[OwnerConsent, _Mapping]]] = ..., recipient: _Optional[str] = ..., scorer: _Optional[str] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., dataset_ids: _Optional[_Iterable[str]] = ..., combination: _Optional[_Union[Combination, str]] = ..., label_column: _Optional[str] = ..., k: _Optional[int] = ..., security: _Optional[str] = ..., engine: _Optional[str] = ..., frac_bits: _Optional[int] = ..., training: _Optional[_Union[TrainingParameters, _Mapping]] = ..., recipient_public_key: _Optional[bytes] = ..., mask_upload_id: _Optional[str] = ..., peer_mpc_addresses: _Optional[_Iterable[str]] = ..., datasets: _Optional[_Iterable[_Union[PinnedDataset, _Mapping]]] = ..., m: _Optional[int] = ..., p: _Optional[int] = ..., classes: _Optional[int] = ..., outputs: _Optional[int] = ..., contract_version: _Optional[int] = ..., consents: _Optional[_Iterable[_Union[OwnerConsent, _Mapping]]] = ..., recipient: _Optional[str] = ..., request: _Optional[_Union[RecipientRequest, _Mapping]] = ..., scorer: _Optional[str] = ...) -> None: ...
 
 class OwnerConsent(_message.Message):
+    __slots__ = ("statement", "signature")
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    statement: bytes
+    signature: bytes
+    def __init__(self, statement: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class RecipientRequest(_message.Message):
     __slots__ = ("statement", "signature")
     STATEMENT_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]

@@ -187,6 +187,11 @@ class TrainingIn(Strict):
     )
 
 
+class RequestIn(Strict):
+    statement: Base64 = Field(description="canonical JSON job request (ppfs.contract.JobRequest)")
+    signature: Base64 = Field(description="Ed25519 by the recipient over the statement")
+
+
 class JobCreate(Strict):
     dataset_ids: list[Identifier] = Field(min_length=1, max_length=16)
     combination: Literal["horizontal", "vertical"] = "horizontal"
@@ -203,6 +208,11 @@ class JobCreate(Strict):
     training: TrainingIn | None = None
     recipient_public_key: Base64 = Field(description="X25519 public key, base64 (32 bytes)")
     mask_upload_id: Identifier
+    request: RequestIn | None = Field(
+        default=None,
+        description="the recipient's signed request: every party runs the job only if it "
+        "states exactly these parameters (the client signs it)",
+    )
 
 
 class JobValidate(JobCreate):

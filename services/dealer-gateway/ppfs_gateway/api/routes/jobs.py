@@ -5,6 +5,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, status
 from fastapi.responses import StreamingResponse
 
+from ppfs.contract import SignedRequest
 from ppfs.engines.base import PARTY_NAMES
 from ppfs_gateway.api.deps import JobsDep, PrincipalDep
 from ppfs_gateway.api.schemas import (
@@ -91,6 +92,9 @@ def _spec(body: JobCreate | JobValidate) -> JobSpec:
         recipient_public_key=key,
         mask_upload_id=body.mask_upload_id or "validate",
         training=body.training.model_dump() if body.training else None,
+        request=(SignedRequest(b64decode(body.request.statement, "request.statement"),
+                               b64decode(body.request.signature, "request.signature"))
+                 if body.request is not None else None),
     )
 
 
