@@ -15,6 +15,7 @@ that rewrites what it relays.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import csv
 import datetime as dt
@@ -23,7 +24,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -361,6 +362,41 @@ def test_job_without_the_owners_consent_is_refused_by_every_party(tmp_path: Path
         s.close()
 
 
+@contextlib.asynccontextmanager
+async def _gateway_on_three_mpyc_parties(tmp_path: Path) -> AsyncIterator[tuple[Any, ...]]:
+    """Three MPyC parties served locally and the gateway's identity on them: (deployment,
+    stubs, the parties' box keys, owners owner-a, analyst and gateway-admin, owner-a's
+    upload u1 of data set ds, not yet sent)."""
+    from party_harness import Deployment, data_upload
+    from ppfs_party.server import start_party_server
+
+    from ppfs.fixedpoint import FixedPoint
+    from ppfs.v1 import party_pb2
+    from ppfs.v1.party_pb2_grpc import PartyServiceStub
+
+    dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
+    servers = [await start_party_server(st) for st in dep.settings]
+    channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+    try:
+        stubs = [PartyServiceStub(c) for c in channels]
+        box = [(await st.GetIdentity(party_pb2.GetIdentityRequest())).box_public_key
+               for st in stubs]
+        t = make_table(12, 3, seed=4)
+        fp = FixedPoint()
+        exps = fp.choose_exponents(t.x, t.columns)
+        owner, rec = dep.add_owner("owner-a"), dep.add_owner("analyst")
+        gw = dep.add_owner("gateway-admin")  # a registered principal, not the owner
+        data = data_upload(owner, box, fp.encode(t.x, exps, t.columns), t.columns, exps,
+                           dataset_id="ds", upload_id="u1", onehot=t.one_hot(),
+                           label_column=t.label_column, classes=t.classes)
+        yield dep, stubs, box, owner, rec, gw, data
+    finally:
+        for c in channels:
+            await c.close()
+        for srv in servers:
+            await srv.stop(0)
+
+
 def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path: Path) -> None:
     """The gateway's own mutual-TLS identity, used directly on the parties (a turned
     gateway skips its own checks): no consent, a consent for another recipient key, a
@@ -369,35 +405,17 @@ def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path:
     import asyncio
 
     from party_harness import (
-        Deployment,
-        data_upload,
         describe_job,
         mask_upload,
         start_requests,
         upload_messages,
     )
-    from ppfs_party.server import start_party_server
 
-    from ppfs.fixedpoint import FixedPoint
     from ppfs.v1 import party_pb2
-    from ppfs.v1.party_pb2_grpc import PartyServiceStub
 
     async def scenario() -> None:
-        dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
-        servers = [await start_party_server(st) for st in dep.settings]
-        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
-        try:
-            stubs = [PartyServiceStub(c) for c in channels]
-            box = [(await st.GetIdentity(party_pb2.GetIdentityRequest())).box_public_key
-                   for st in stubs]
-            t = make_table(12, 3, seed=4)
-            fp = FixedPoint()
-            exps = fp.choose_exponents(t.x, t.columns)
-            owner, rec = dep.add_owner("owner-a"), dep.add_owner("analyst")
-            gw = dep.add_owner("gateway-admin")  # a registered principal, not the owner
-            data = data_upload(owner, box, fp.encode(t.x, exps, t.columns), t.columns, exps,
-                               dataset_id="ds", upload_id="u1", onehot=t.one_hot(),
-                               label_column=t.label_column, classes=t.classes)
+        async with _gateway_on_three_mpyc_parties(tmp_path) as (dep, stubs, box, owner, rec,
+                                                                 gw, data):
             masks = {
                 who.owner_id: mask_upload(who, box, np.zeros((1, 2), dtype=np.uint64),
                                           dataset_id=f"m-{who.owner_id}",
@@ -454,11 +472,6 @@ def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path:
                 await st.StartJob(start_requests(ok))
             for st in stubs:
                 await st.CancelJob(party_pb2.CancelJobRequest(job_id="j-ok"))
-        finally:
-            for c in channels:
-                await c.close()
-            for srv in servers:
-                await srv.stop(0)
 
     asyncio.run(scenario())
 
@@ -472,37 +485,19 @@ def test_turned_gateway_cannot_change_what_the_recipient_asked_for(tmp_path: Pat
     import asyncio
 
     from party_harness import (
-        Deployment,
-        data_upload,
         describe_job,
         mask_upload,
         start_requests,
         upload_messages,
     )
-    from ppfs_party.server import start_party_server
 
     from ppfs.contract import Consent, JobContract, JobRequest, Reveal
-    from ppfs.fixedpoint import FixedPoint
     from ppfs.scoring import Scorer
     from ppfs.v1 import party_pb2
-    from ppfs.v1.party_pb2_grpc import PartyServiceStub
 
     async def scenario() -> None:
-        dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
-        servers = [await start_party_server(st) for st in dep.settings]
-        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
-        try:
-            stubs = [PartyServiceStub(c) for c in channels]
-            box = [(await st.GetIdentity(party_pb2.GetIdentityRequest())).box_public_key
-                   for st in stubs]
-            t = make_table(12, 3, seed=4)
-            fp = FixedPoint()
-            exps = fp.choose_exponents(t.x, t.columns)
-            owner, rec = dep.add_owner("owner-a"), dep.add_owner("analyst")
-            gw = dep.add_owner("gateway-admin")
-            data = data_upload(owner, box, fp.encode(t.x, exps, t.columns), t.columns, exps,
-                               dataset_id="ds", upload_id="u1", onehot=t.one_hot(),
-                               label_column=t.label_column, classes=t.classes)
+        async with _gateway_on_three_mpyc_parties(tmp_path) as (dep, stubs, box, owner, rec,
+                                                                 gw, data):
             mask = mask_upload(rec, box, np.zeros((1, 2), dtype=np.uint64),
                                dataset_id="m", upload_id="m1")
             for up in (data, mask):
@@ -547,11 +542,6 @@ def test_turned_gateway_cannot_change_what_the_recipient_asked_for(tmp_path: Pat
                 await st.StartJob(start_requests(ok))
             for st in stubs:
                 await st.CancelJob(party_pb2.CancelJobRequest(job_id="j-ok"))
-        finally:
-            for c in channels:
-                await c.close()
-            for srv in servers:
-                await srv.stop(0)
 
     asyncio.run(scenario())
 
