@@ -37,6 +37,7 @@ from ppfs_party.server import start_party_server
 from procs import processes_in
 
 from ppfs.contract import (
+    STORED_CONTRACT_VERSIONS,
     Combination,
     FailureKind,
     JobContract,
@@ -212,6 +213,25 @@ def test_scorer_is_part_of_the_contract() -> None:
     desc.scorer = "gini-impurity"
     with pytest.raises(ParameterError, match="unknown scorer"):
         JobContract.from_proto(desc)
+
+
+def test_a_new_job_needs_this_contract_version_a_stored_one_may_be_older() -> None:
+    """A party accepts new jobs only under the current contract (it checks the
+    recipient's request, which version 2 lacked), but still reads the jobs it recorded
+    before an upgrade, so that their results stay fetchable."""
+    base = JobContract(
+        job_id="j", datasets=(PinnedDataset("ds", (PinnedUpload("u", "0" * 64, 30),)),),
+        combination=Combination.HORIZONTAL, label_column="y", k=2,
+        security=Security.PASSIVE_3PC, engine="mpyc", frac_bits=16,
+        recipient_public_key=bytes(32), mask_upload_id="m", m=30, p=5, classes=2)
+    old = base.to_proto()
+    old.contract_version = 2
+    with pytest.raises(ParameterError, match="version 2 is not 3"):
+        JobContract.from_proto(old)
+    assert JobContract.from_proto(old, versions=STORED_CONTRACT_VERSIONS) == base
+    old.contract_version = 1
+    with pytest.raises(ParameterError, match="version 1"):
+        JobContract.from_proto(old, versions=STORED_CONTRACT_VERSIONS)
 
 
 @pytest.mark.parametrize("scorer", [Scorer.PEARSON, Scorer.CHI2], ids=lambda s: s.value)

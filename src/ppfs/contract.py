@@ -65,6 +65,9 @@ from ppfs.step2b import TrainParams
 from ppfs.v1 import party_pb2 as pb
 
 CONTRACT_VERSION = 3  # 2: owner consents, the recipient and the scorer; 3: the request
+# versions a party still reads from its own records (jobs it accepted before an upgrade:
+# their results stay fetchable); a new job must be CONTRACT_VERSION
+STORED_CONTRACT_VERSIONS = (2, 3)
 CONSENT_PURPOSE = "ppfs consent v1"
 RESULT_PURPOSE = "ppfs result v1"
 REQUEST_PURPOSE = "ppfs job request v1"
@@ -582,10 +585,12 @@ class JobContract:
         return desc
 
     @classmethod
-    def from_proto(cls, desc: pb.JobDescription) -> JobContract:
+    def from_proto(cls, desc: pb.JobDescription, *,
+                   versions: Sequence[int] = (CONTRACT_VERSION,)) -> JobContract:
         """The contract a description states; ParameterError when it is incomplete or
-        inconsistent (a description from an older gateway lacks the pinned inputs)."""
-        if desc.contract_version != CONTRACT_VERSION:
+        inconsistent (a description from an older gateway lacks the pinned inputs) or
+        of a version not in ``versions``."""
+        if desc.contract_version not in versions:
             raise ParameterError(
                 f"job contract version {desc.contract_version} is not {CONTRACT_VERSION}"
             )

@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ppfs.contract import (
+    STORED_CONTRACT_VERSIONS,
     FailureKind,
     JobContract,
     JobState,
@@ -491,7 +492,8 @@ class JobRunner:
         if not rec.verified:
             raise JobConflictError(f"job {job_id!r} predates signed result statements")
         words = (self.jobs_dir / job_id / "opened.u64").read_bytes()
-        job = JobContract.from_proto(rec.description())
+        # accepted when it was recorded, perhaps under the contract before an upgrade
+        job = JobContract.from_proto(rec.description(), versions=STORED_CONTRACT_VERSIONS)
         recipient = job.recipient_public_key
         sealed, signature = seal_result_part(
             job_id, np.frombuffer(words, dtype="<u8"), recipient, self.keys.signing)
