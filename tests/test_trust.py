@@ -18,6 +18,7 @@ import base64
 import contextlib
 import copy
 import csv
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -400,8 +401,8 @@ async def _gateway_on_three_mpyc_parties(tmp_path: Path) -> AsyncIterator[tuple[
 def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path: Path) -> None:
     """The gateway's own mutual-TLS identity, used directly on the parties (a turned
     gateway skips its own checks): no consent, a consent for another recipient key, a
-    consent not signed by the owner, masks made for another key: each refused by every
-    party with kind REFUSED in its audit log."""
+    consent not signed by the owner, masks made for another key, a consent that has
+    expired: each refused by every party with kind REFUSED in its audit log."""
     import asyncio
 
     from party_harness import (
@@ -449,6 +450,9 @@ def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path:
                                        Reveal.SELECTION).sign(gw.key)]),
                 # the analyst's consent, but masks that name another result key
                 "mask-key": job("j-mask", other_key, ana, [to_analyst.sign(owner.key)]),
+                # the owner's consent for the analyst, expired
+                "expired": job("j-expired", masks["analyst"], ana, [dataclasses.replace(
+                    to_analyst, expires_at="2020-01-01T00:00:00Z").sign(owner.key)]),
             }
             for name, desc in cases.items():
                 for st in stubs:
@@ -457,6 +461,8 @@ def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path:
                     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
                     assert ("consent" in (info.value.details() or "")
                             or "mask upload" in (info.value.details() or "")), name
+                    if name == "expired":
+                        assert "its consent has expired" in (info.value.details() or "")
                     with pytest.raises(grpc.aio.AioRpcError):  # nothing runs
                         await st.GetJob(party_pb2.GetJobRequest(job_id=desc.job_id))
             for st_dir in (s.state_dir for s in dep.settings):
@@ -556,10 +562,20 @@ def test_consent_command_stores_a_signed_consent_every_job_carries(
     rc, out, _ = run(capsys, stack, url, "analyst-1", "keys", "show")
     box = json.loads(out)["box_public_key"]
     assert base64.b64decode(box) == stack.keys["analyst-1"].box_public_key
-    for owner, ds in (("owner-a", ids[0]), ("owner-b", ids[1])):
+    # a consent that has expired already is refused by the gateway; a malformed date too
+    rc, _, err = run(capsys, stack, url, "owner-a", "datasets", "consent", ids[0],
+                     "--recipient", "analyst-1", "--recipient-key", box, "--expires", "2020-01-01")
+    assert rc == 2 and "the consent expired at 2020-01-02T00:00:00Z" in err, err
+    with pytest.raises(SystemExit):
+        run(capsys, stack, url, "owner-a", "datasets", "consent", ids[0], "--recipient",
+            "analyst-1", "--recipient-key", box, "--expires", "tomorrow")
+    # owner-b's consent lasts to the end of 2999 (UTC), owner-a's does not expire
+    for owner, ds, until in (("owner-a", ids[0], []), ("owner-b", ids[1], ["2999-12-31"])):
         rc, out, err = run(capsys, stack, url, owner, "datasets", "consent", ds,
-                           "--recipient", "analyst-1", "--recipient-key", box)
+                           "--recipient", "analyst-1", "--recipient-key", box,
+                           *(["--expires", *until] if until else []))
         assert rc == 0 and f"{owner} lets analyst-1 learn the selection" in out, err
+        assert ("until 3000-01-01T00:00:00Z" in out) == bool(until), out
     # owner-b may read data set A's schema, but holds no upload in it: no consent of its own
     rc, _, err = run(capsys, stack, url, "owner-b", "datasets", "consent", ids[0],
                      "--recipient", "analyst-1", "--recipient-key", box)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime as dt
 import json
 import os
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ppfs.contract import Reveal
+from ppfs.contract import TIME_FORMAT, Reveal, utc_time
 from ppfs.errors import InputDataError, ParameterError, PpfsError
 from ppfs.jobflags import (
     ENGINE_PREFERENCE,
@@ -107,6 +108,12 @@ def add_commands(sub: Any) -> None:
         "printed it; get it from the recipient, not from the gateway",
     )
     consent.add_argument("--model", action="store_true", help="also reveal the model (Step 2B)")
+    consent.add_argument(
+        "--expires", metavar="WHEN", type=_expiry, default=None,
+        help="the consent ends then: a UTC time YYYY-MM-DDTHH:MM:SSZ, or a date YYYY-MM-DD "
+        "(to the end of that day, UTC); every party refuses jobs that need it afterwards. "
+        "Without it the consent does not expire (a signed consent cannot be withdrawn)",
+    )
     _conn_args(consent)
     consent.set_defaults(func=_datasets_consent)
 
@@ -405,15 +412,32 @@ def _public_key(text: str) -> bytes:
     return key
 
 
+def _expiry(text: str) -> str:
+    """--expires: a UTC time (kept as given) or a date (to the end of that day, UTC)."""
+    try:
+        utc_time(text)
+        return text
+    except ValueError:
+        pass
+    try:
+        day = dt.datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=dt.UTC)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is neither YYYY-MM-DD nor YYYY-MM-DDTHH:MM:SSZ") from None
+    return (day + dt.timedelta(days=1)).strftime(TIME_FORMAT)
+
+
 @_guard
 def _datasets_consent(args: argparse.Namespace) -> int:
     keys = _keys(args)
     reveal = Reveal.MODEL if args.model else Reveal.SELECTION
     with _client(args) as client:
         c = client.consent(keys, args.dataset_id, args.recipient,
-                           _public_key(args.recipient_key), reveal)
+                           _public_key(args.recipient_key), reveal,
+                           expires_at=args.expires or "")
+    until = f" until {c['expires_at']}" if c.get("expires_at") else ""
     _out(args, c, f"{c['owner_id']} lets {c['recipient']} learn the {c['reveal']} of jobs on "
-         f"{c['dataset_id']}")
+         f"{c['dataset_id']}{until}")
     return 0
 
 

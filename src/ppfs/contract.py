@@ -313,10 +313,19 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # UTC, as consents state their times
+
+
+def utc_time(text: str) -> dt.datetime:
+    """A consent's time (TIME_FORMAT); ValueError otherwise."""
+    return dt.datetime.strptime(text, TIME_FORMAT).replace(tzinfo=dt.UTC)
+
+
 @dataclass(frozen=True)
 class Consent:
     """An owner's permission: jobs on ``dataset_id`` may reveal ``reveal`` to the
-    recipient ``recipient`` holding the X25519 key ``recipient_public_key``."""
+    recipient ``recipient`` holding the X25519 key ``recipient_public_key``; with
+    ``expires_at`` (UTC, TIME_FORMAT), only jobs a party accepts before then."""
 
     owner_id: str
     dataset_id: str
@@ -324,16 +333,20 @@ class Consent:
     recipient_public_key: bytes
     reveal: Reveal
     created_at: str = ""
+    expires_at: str = ""  # "" never: left out of the signed form
 
     def to_bytes(self) -> bytes:
-        return _canonical({
+        d = {
             "purpose": CONSENT_PURPOSE, "owner_id": self.owner_id,
             "dataset_id": self.dataset_id, "recipient": self.recipient,
             "recipient_public_key": _b64(self.recipient_public_key),
             "reveal": self.reveal.value,
-            "created_at": self.created_at or dt.datetime.now(dt.UTC).strftime(
-                "%Y-%m-%dT%H:%M:%SZ"),
-        })
+            "created_at": self.created_at or dt.datetime.now(dt.UTC).strftime(TIME_FORMAT),
+        }
+        if self.expires_at:
+            utc_time(self.expires_at)  # ValueError on another form
+            d["expires_at"] = self.expires_at
+        return _canonical(d)
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> Consent:
@@ -344,10 +357,17 @@ class Consent:
             key = base64.b64decode(d["recipient_public_key"], validate=True)
             if len(key) != 32:
                 raise ValueError
+            expires = str(d.get("expires_at", ""))
+            if expires:
+                utc_time(expires)
             return cls(str(d["owner_id"]), str(d["dataset_id"]), str(d["recipient"]), key,
-                       Reveal(d["reveal"]), str(d["created_at"]))
+                       Reveal(d["reveal"]), str(d["created_at"]), expires)
         except (ValueError, KeyError, TypeError, binascii.Error):
             raise ConsentError("a consent statement is malformed") from None
+
+    def expired(self, now: dt.datetime | None = None) -> bool:
+        return bool(self.expires_at) and utc_time(self.expires_at) <= (
+            now or dt.datetime.now(dt.UTC))
 
     def sign(self, key: SigningKey) -> SignedConsent:
         blob = self.to_bytes()
@@ -389,6 +409,7 @@ def check_consents(
             "recipient key"
         )
     valid: set[tuple[str, str]] = set()
+    expired: set[tuple[str, str]] = set()
     for sc in job.consents:
         c = sc.consent
         key = owner_keys.get(c.owner_id)
@@ -397,8 +418,10 @@ def check_consents(
         sc.verify(key)
         if (c.recipient, c.recipient_public_key) == (job.recipient, job.recipient_public_key) \
                 and c.reveal.covers(job.training is not None):
-            valid.add((c.owner_id, c.dataset_id))
-    missing = [f"{o!r} for data set {ds!r}" for ds, owners in upload_owners.items()
+            (expired if c.expired() else valid).add((c.owner_id, c.dataset_id))
+    missing = [f"{o!r} for data set {ds!r}"
+               + (" (its consent has expired)" if (o, ds) in expired else "")
+               for ds, owners in upload_owners.items()
                for o in sorted(set(owners)) if (o, ds) not in valid]
     if missing:
         what = "the selection and model" if job.training is not None else "the selection"

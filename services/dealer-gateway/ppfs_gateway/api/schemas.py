@@ -174,6 +174,7 @@ class ConsentOut(BaseModel):
     recipient: str
     recipient_public_key: str = Field(description="X25519, base64")
     reveal: Literal["selection", "selection+model"]
+    expires_at: str = Field(default="", description="UTC; empty: the consent does not expire")
 
 
 class TrainingIn(Strict):

@@ -193,7 +193,8 @@ async def repair_upload(
 def consent_out(c: ConsentRecord) -> ConsentOut:
     return ConsentOut(dataset_id=c.dataset_id, owner_id=c.owner_id, recipient=c.recipient,
                       recipient_public_key=c.recipient_key,
-                      reveal=c.reveal)  # type: ignore[arg-type]
+                      reveal=c.reveal,  # type: ignore[arg-type]
+                      expires_at=Consent.from_bytes(c.statement).expires_at)
 
 
 @router.post(
@@ -223,6 +224,8 @@ def post_consent(
         raise Forbidden("a consent is given by its owner only")
     if c.dataset_id != ds.id:
         raise InvalidRequest("the consent names another data set")
+    if c.expired():
+        raise InvalidRequest(f"the consent expired at {c.expires_at}")
     if who.subject != ds.owner_id and who.subject not in registry.upload_owners(ds.id):
         raise Forbidden("only an owner of the data set's uploads gives consents for it")
     rec = ConsentRecord(ds.id, c.owner_id, c.recipient,
