@@ -569,6 +569,15 @@ def test_consent_command_stores_a_signed_consent_every_job_carries(
     with pytest.raises(SystemExit):
         run(capsys, stack, url, "owner-a", "datasets", "consent", ids[0], "--recipient",
             "analyst-1", "--recipient-key", box, "--expires", "tomorrow")
+    # an expired consent of owner-a stored first (as if it had expired since): the
+    # gateway relays every consent that covers a job, so the valid one below still counts
+    from ppfs_gateway.registry import ConsentRecord, Registry
+
+    stale = Consent("owner-a", ids[0], "analyst-1", base64.b64decode(box), Reveal.MODEL,
+                    expires_at="2020-01-01T00:00:00Z").sign(stack.keys["owner-a"].signing)
+    Registry(stack.gateway.settings.db_path).add_consent(ConsentRecord(
+        ids[0], "owner-a", "analyst-1", box, Reveal.MODEL.value, stale.statement,
+        stale.signature))
     # owner-b's consent lasts to the end of 2999 (UTC), owner-a's does not expire
     for owner, ds, until in (("owner-a", ids[0], []), ("owner-b", ids[1], ["2999-12-31"])):
         rc, out, err = run(capsys, stack, url, owner, "datasets", "consent", ds,
@@ -581,8 +590,9 @@ def test_consent_command_stores_a_signed_consent_every_job_carries(
                      "--recipient", "analyst-1", "--recipient-key", box)
     assert rc == 2 and "only an owner of the data set's uploads" in err, err
     listed = stack.client("analyst-1").list_consents(ids[0])
-    assert [(c["owner_id"], c["recipient"], c["reveal"]) for c in listed] == [
-        ("owner-a", "analyst-1", "selection")]
+    assert [(c["owner_id"], c["recipient"], c["reveal"], c["expires_at"]) for c in listed] == [
+        ("owner-a", "analyst-1", "selection+model", "2020-01-01T00:00:00Z"),
+        ("owner-a", "analyst-1", "selection", "")]
     analyst = stack.client("analyst-1")
     job = analyst.submit(stack.keys["analyst-1"], ids, label="label", k=1, engine="mpyc")
     assert wait_final(analyst, job["id"])["state"] == "succeeded"
@@ -592,5 +602,7 @@ def test_consent_command_stores_a_signed_consent_every_job_carries(
     for c in desc.consents:
         sc = SignedConsent(c.statement, c.signature)
         owner = sc.consent.owner_id
-        got[owner] = sc.verify(stack.keys[owner].verify_key).dataset_id
+        if not sc.consent.expired():
+            got[owner] = sc.verify(stack.keys[owner].verify_key).dataset_id
     assert got == {"owner-a": ids[0], "owner-b": ids[1]}
+    assert len(desc.consents) == 3  # owner-a's expired one relayed too: the parties skip it

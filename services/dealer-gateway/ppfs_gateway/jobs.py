@@ -256,8 +256,10 @@ def plan_job(
         found is None or mask is None or mask.kind != "mask" or mask.owner_id != who.subject
     ):
         raise NotFound(f"no mask upload {spec.mask_upload_id!r} of yours")
-    # The owners' consents for this recipient and key, as stored: the gateway relays them,
-    # every party verifies them (signature, owner, recipient, key, what is revealed).
+    # The owners' consents for this recipient and key, as stored: the gateway relays every
+    # one that covers the job (an owner may have given one for the selection and one for
+    # the model, one of them expired), every party verifies them (signature, owner,
+    # recipient, key, what is revealed, expiry) and needs one valid per owner.
     training = training_from_body(spec.training)
     consents = []
     for ds in datasets:
@@ -267,7 +269,6 @@ def plan_job(
                     and c.recipient_key == _b64(spec.recipient_public_key)
                     and Reveal(c.reveal).covers(training is not None)):
                 consents.append(SignedConsent(c.statement, c.signature))
-                owners.discard(c.owner_id)
     # ParameterError on a bad shape or parameters; D' is never opened in service mode
     job = JobContract(
         job_id=job_id, datasets=tuple(pinned), combination=combination,
