@@ -51,7 +51,14 @@ from ppfs.scoring import Scorer
 from ppfs.sharing import Scheme, ShareBundle, bundles_for_all
 from ppfs.step2a import Security, Step2AShape
 from ppfs.step2b import TrainParams
-from ppfs.upload import Manifest, open_sealed, pack_bundles, seal, sign_manifest
+from ppfs.upload import (
+    SIGNED_AT_FORMAT,
+    Manifest,
+    open_sealed,
+    pack_bundles,
+    seal,
+    sign_manifest,
+)
 from ppfs.v1 import party_pb2, party_pb2_grpc
 
 CHUNK = 64 * 1024
@@ -203,7 +210,7 @@ def seal_bundles(
         column_exponents=tuple(int(e) for e in exponents), label_column=label_column,
         classes=tuple(classes), frac_bits=frac_bits,
         part_sha256=tuple(hashlib.sha256(p).hexdigest() for p in parts),
-        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        created_at=dt.datetime.now(dt.UTC).strftime(SIGNED_AT_FORMAT),
         recipient_public_key=base64.b64encode(recipient_public_key).decode(),
     )
     return SealedUpload(manifest.to_bytes(), sign_manifest(manifest, owner.key), parts,

@@ -283,6 +283,33 @@ def test_job_runs_only_on_the_uploads_it_pins(tmp_path: Path) -> None:
     _run(tmp_path, scenario)
 
 
+def test_a_data_sets_uploads_run_only_in_their_owners_signed_order(tmp_path: Path) -> None:
+    """The job's writer (the gateway) cannot restack a data set's rows: every party
+    requires its uploads in the order their owners signed (creation time, then id)."""
+    async def scenario(w: World) -> None:
+        mask, _ = w.masks(w.shape(), "mask-1", 1)
+        await w.put(mask)
+        later = w.part(4, "ds", "up-0")  # signed after up-1, though its id sorts first
+        await w.put(later)
+        assert Manifest.from_bytes(later.manifest).order_key() > \
+            Manifest.from_bytes(w.data.manifest).order_key()
+        swapped = w.job("j-swapped", [[later, w.data]], mask)
+        for stub in w.stubs:
+            why = await _refusal(stub, swapped)
+            assert ("the job lists the uploads of data set 'ds' out of the order their "
+                    "owners signed; in that order they are 'up-1', 'up-0'") in why
+        for i in range(3):
+            assert "j-swapped" in {e["job_id"] for e in w.audit(i)
+                                   if e["event"] == "job.refused"}
+        signed = w.job("j-signed", [[w.data, later]], mask)
+        for stub in w.stubs:
+            await stub.StartJob(start_requests(signed))  # accepted
+        for stub in w.stubs:
+            await stub.CancelJob(party_pb2.CancelJobRequest(job_id="j-signed"))
+
+    _run(tmp_path, scenario)
+
+
 def _renamed(up: SealedUpload, upload_id: str) -> SealedUpload:
     """The same upload under another id (its manifest only; never sent to a party)."""
     man = dataclasses.replace(Manifest.from_bytes(up.manifest), upload_id=upload_id)

@@ -1,8 +1,11 @@
 """Pure logic, no server and no engine: the job contract's combination rules
 (ppfs.contract.plan), the classification of a job's failure (failure_kind) and the
-gateway's checks of an upload's manifest (ppfs_gateway.uploads.check_manifest)."""
+gateway's checks of an upload's manifest (ppfs_gateway.uploads.check_manifest) and
+the order it lists a data set's uploads in (its registry)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -230,6 +233,8 @@ def test_check_manifest_accepts_a_consistent_upload():
     ({"columns": ("a", "y")}, "repeat or include the label"),
     ({"classes": ("only",)}, "at least two classes"),
     ({"frac_bits": 41}, "fractional bits are out of range"),
+    ({"created_at": "last Tuesday"}, "creation time is not an ISO 8601 time"),
+    ({"created_at": "2025-01-01T00:00:00"}, "creation time names no time zone"),
 ])
 def test_check_manifest_refuses_an_inconsistent_manifest(changes, match):
     from ppfs_gateway.errors import MalformedUpload
@@ -238,6 +243,51 @@ def test_check_manifest_refuses_an_inconsistent_manifest(changes, match):
     _, up = _gateway_upload(**changes)
     with pytest.raises(MalformedUpload, match=match):
         check_manifest(_dataset(), up, _owner(), 3, _Registry())
+
+
+def test_manifest_order_key_is_the_signed_time_then_the_id():
+    from dataclasses import replace
+
+    man, _ = _gateway_upload()
+    at = replace(man, created_at="2025-01-01T01:30:00+01:30")  # the same instant
+    assert at.signed_at() == man.signed_at() == "2025-01-01T00:00:00.000000Z"
+    later = replace(man, created_at="2025-01-01T00:00:00.000001Z", upload_id="up0")
+    assert man.order_key() < later.order_key()  # time first, though its id sorts first
+    assert replace(man, upload_id="up0").order_key() < man.order_key()  # then the id
+
+
+def test_registry_lists_uploads_in_their_signed_order(tmp_path: Path):
+    import sqlite3
+
+    from ppfs_gateway.registry import DatasetSchema, Registry
+
+    schema = DatasetSchema(("a",), (0,), "y", ("no", "yes"), 16, "rep3")
+    reg = Registry(tmp_path / "registry.db")
+    reg.create_dataset("ds", "d", "owner-a", "data")
+    # committed in the other order than their owners signed them
+    reg.commit_upload("ds", "u-b", "owner-a", schema, 3, "b" * 64, "2025-01-02T00:00:00.000000Z")
+    reg.commit_upload("ds", "u-a", "owner-b", schema, 2, "a" * 64, "2025-01-01T00:00:00.000000Z")
+    reg.commit_upload("ds", "u-0", "owner-b", schema, 1, "0" * 64, "2025-01-02T00:00:00.000000Z")
+    assert [u for u, _, _ in reg.upload_pins("ds")] == ["u-a", "u-0", "u-b"]
+    got = reg.get_dataset("ds")
+    assert got is not None and got.upload_ids == ("u-a", "u-0", "u-b")
+    reg.close()
+
+    # a registry made before uploads recorded their signed time: the commit time stands in
+    old = tmp_path / "old.db"
+    db = sqlite3.connect(old)
+    db.executescript(
+        "CREATE TABLE uploads (id TEXT PRIMARY KEY, dataset_id TEXT NOT NULL, owner_id TEXT"
+        " NOT NULL, rows INTEGER NOT NULL, manifest_sha256 TEXT NOT NULL, created_at TEXT"
+        " NOT NULL);"
+        "INSERT INTO uploads VALUES ('u-2', 'ds', 'o', 1, 'x', '2025-01-02T00:00:00.000000Z');"
+        "INSERT INTO uploads VALUES ('u-1', 'ds', 'o', 1, 'y', '2025-01-03T00:00:00.000000Z');"
+    )
+    db.commit()
+    db.close()
+    reg = Registry(old)
+    assert [u for u, _, _ in reg.upload_pins("ds")] == ["u-2", "u-1"]
+    reg.close()
 
 
 def test_check_manifest_refuses_strangers_repeats_and_other_schemas():

@@ -47,7 +47,7 @@ from ppfs.fixedpoint import FixedPoint
 from ppfs.keycert import NoTrustAnchor, TrustAnchor, UntrustedPartyKey, verify_party_keys
 from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.step2a import draw_mask_words, unmask_all
-from ppfs.upload import Manifest, pack_bundles, seal, sign_manifest
+from ppfs.upload import SIGNED_AT_FORMAT, Manifest, pack_bundles, seal, sign_manifest
 from ppfs_client.keys import ClientKeys
 from ppfs_client.sent import load_sent, save_sent
 
@@ -507,7 +507,7 @@ def build_upload(
         classes=tuple(table.classes),
         frac_bits=frac if kind == "data" else fp.frac_bits,
         part_sha256=tuple(hashlib.sha256(s).hexdigest() for s in sealed),
-        created_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        created_at=dt.datetime.now(dt.UTC).strftime(SIGNED_AT_FORMAT),
     )
     blob = manifest.to_bytes()
     return {

@@ -10,6 +10,7 @@ swapped, re-sealed or mixed with another upload's part by the gateway.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import struct
@@ -24,6 +25,7 @@ from ppfs.errors import ShareFormatError
 from ppfs.sharing import ShareBundle
 
 _LEN = struct.Struct("<Q")
+SIGNED_AT_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
 class UploadRejected(ShareFormatError):
@@ -79,6 +81,23 @@ class Manifest:
 
     def digest(self) -> str:
         return hashlib.sha256(self.to_bytes()).hexdigest()
+
+    def signed_at(self) -> str:
+        """The owner-signed creation time as fixed-width UTC text (microseconds), so that
+        text order is time order; UploadRejected when it is not an ISO 8601 time."""
+        try:
+            t = dt.datetime.fromisoformat(self.created_at)
+        except ValueError:
+            raise UploadRejected("the manifest's creation time is not an ISO 8601 time") from None
+        if t.tzinfo is None:
+            raise UploadRejected("the manifest's creation time names no time zone")
+        return t.astimezone(dt.UTC).strftime(SIGNED_AT_FORMAT)
+
+    def order_key(self) -> tuple[str, str]:
+        """Where this upload stands among its data set's uploads: by the time its owner
+        signed in the manifest, then by upload id. Every party and the gateway stack a
+        data set's rows in this order, fixed by the owners' signatures alone."""
+        return self.signed_at(), self.upload_id
 
 
 def pack_bundles(bundles: Sequence[ShareBundle]) -> bytes:

@@ -36,7 +36,10 @@ CREATE TABLE IF NOT EXISTS uploads (
   owner_id TEXT NOT NULL,
   rows INTEGER NOT NULL,
   manifest_sha256 TEXT NOT NULL,
-  created_at TEXT NOT NULL
+  created_at TEXT NOT NULL,
+  -- the owner-signed creation time (ppfs.upload.Manifest.signed_at): a data set's
+  -- uploads are stacked by it, then by id, as every party requires
+  signed_at TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS upload_decisions (
   upload_id TEXT NOT NULL,
@@ -213,6 +216,13 @@ class Registry:
             self._db.execute(
                 "ALTER TABLE job_parties ADD COLUMN failure TEXT NOT NULL DEFAULT ''"
             )
+        # registries made before uploads recorded their signed time: the commit time
+        # stands in (it follows the signing by the upload's duration); a job that pins
+        # such uploads out of their signed order is refused by every party, naming it
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(uploads)")}
+        if "signed_at" not in cols:
+            self._db.execute("ALTER TABLE uploads ADD COLUMN signed_at TEXT NOT NULL DEFAULT ''")
+            self._db.execute("UPDATE uploads SET signed_at = created_at")
 
     def close(self) -> None:
         with self._lock:
@@ -254,7 +264,7 @@ class Registry:
 
     def _dataset(self, row: sqlite3.Row) -> DatasetRecord:
         uploads = self._db.execute(
-            "SELECT id FROM uploads WHERE dataset_id = ? ORDER BY created_at, id", (row["id"],)
+            "SELECT id FROM uploads WHERE dataset_id = ? ORDER BY signed_at, id", (row["id"],)
         ).fetchall()
         grants = self._db.execute(
             "SELECT subject FROM grants WHERE dataset_id = ? ORDER BY subject", (row["id"],)
@@ -302,14 +312,15 @@ class Registry:
         schema: DatasetSchema,
         rows: int,
         manifest_sha256: str,
+        signed_at: str,
     ) -> None:
-        """Every party stored its part: the upload joins its data set and every party is
-        to commit it, in one transaction."""
+        """Every party stored its part: the upload joins its data set (at its owner-signed
+        time ``signed_at``) and every party is to commit it, in one transaction."""
         with self._tx() as db:
             db.execute(
-                "INSERT INTO uploads (id, dataset_id, owner_id, rows, manifest_sha256, created_at)"
-                " VALUES (?,?,?,?,?,?)",
-                (upload_id, dataset_id, owner_id, rows, manifest_sha256, now()),
+                "INSERT INTO uploads (id, dataset_id, owner_id, rows, manifest_sha256,"
+                " created_at, signed_at) VALUES (?,?,?,?,?,?,?)",
+                (upload_id, dataset_id, owner_id, rows, manifest_sha256, now(), signed_at),
             )
             db.execute(
                 "UPDATE datasets SET schema_json = ?, rows = rows + ? WHERE id = ?",
@@ -404,7 +415,7 @@ class Registry:
         with self._lock:
             rows = self._db.execute(
                 "SELECT id, manifest_sha256, rows FROM uploads WHERE dataset_id = ?"
-                " ORDER BY created_at, id",
+                " ORDER BY signed_at, id",
                 (dataset_id,),
             ).fetchall()
             return [(r[0], r[1], int(r[2])) for r in rows]

@@ -26,7 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ppfs.upload import Manifest
+from ppfs.upload import Manifest, UploadRejected
 from ppfs.v1 import party_pb2 as pb
 from ppfs_gateway.auth import Principal
 from ppfs_gateway.core.config import Role
@@ -133,6 +133,10 @@ def check_manifest(
     ):
         raise Forbidden("only the data set's owner, or a data owner granted it, uploads to it")
     man = Manifest.from_bytes(up.manifest)  # UploadRejected -> 422 malformed
+    try:
+        man.signed_at()  # the upload's place among its data set's uploads
+    except UploadRejected as exc:
+        raise MalformedUpload(str(exc)) from None
     scheme = "rep3" if parties == 3 else "rep4"
     if man.dataset_id != ds.id or man.upload_id != up.upload_id:
         raise MalformedUpload("the manifest names another data set or upload")
@@ -490,7 +494,8 @@ async def relay_upload(
                     + later
                 ) from None
             raise failure
-        registry.commit_upload(ds.id, up.upload_id, who.subject, schema, man.rows, man.digest())
+        registry.commit_upload(ds.id, up.upload_id, who.subject, schema, man.rows, man.digest(),
+                               man.signed_at())
         left = await keeper.flush(upload_id=up.upload_id)
     log.info(
         "[Gateway.Upload] dataset=%s upload=%s rows=%d columns=%d seconds=%.2f pending=%d",

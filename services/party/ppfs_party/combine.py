@@ -4,14 +4,17 @@ Additive shares combine element-wise, so joining the components of several uploa
 gives valid shares of the joined matrix without any interaction:
 
 - the uploads of one data set (several owners' rows under one schema) are stacked by
-  rows, in the order the job pins them;
+  rows, in the order the job pins them, which must be the order their owners signed
+  (:meth:`ppfs.upload.Manifest.order_key`: creation time in the manifest, then upload
+  id), so that whoever writes the job cannot put rows out of line;
 - across the job's data sets, HORIZONTAL stacks rows (same columns, every part
   labelled) and VERTICAL joins columns (same rows in the same order, exactly one
   data set carries the label).
 
 A job runs on exactly the uploads its description pins (:func:`pinned_uploads`):
 every named upload must be held here with the named manifest SHA-256 and row count,
-no other upload of a named data set may be held, and the plan of the held manifests
+no other upload of a named data set may be held, they must be listed in their owners'
+signed order, and the plan of the held manifests
 (:func:`ppfs.contract.plan`) must give the job's m, p and classes.
 """
 
@@ -115,6 +118,15 @@ def pinned_plan(store: ShareStore, job: JobContract, party_name: str
         found.append(ups)
     if problems:
         raise PinnedInputsError("; ".join(problems)[:480])
+    for ds, ups in zip(job.datasets, found, strict=True):
+        listed = [u.manifest.upload_id for u in ups]
+        signed = [u.manifest.upload_id for u in sorted(ups, key=lambda u: u.manifest.order_key())]
+        if listed != signed:
+            raise PinnedInputsError(
+                (f"the job lists the uploads of data set {ds.dataset_id!r} out of the order "
+                 "their owners signed; in that order they are "
+                 + ", ".join(repr(u) for u in signed))[:480]
+            )
     schemas = []
     for ds, ups in zip(job.datasets, found, strict=True):
         m = ups[0].manifest

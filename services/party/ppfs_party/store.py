@@ -360,6 +360,7 @@ class ShareStore:
             raise UploadRejected("the upload header does not match the signed manifest")
         check_id(manifest.upload_id, "upload id")
         check_id(manifest.dataset_id, "dataset id")
+        manifest.signed_at()  # its place among the data set's uploads
         try:
             scheme = Scheme(manifest.scheme)
         except ValueError:
