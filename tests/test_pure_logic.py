@@ -305,3 +305,52 @@ def test_check_manifest_refuses_strangers_repeats_and_other_schemas():
     with pytest.raises(IncompatibleSchemas):
         check_manifest(_dataset(schema=first, upload_ids=("up0",)), other, _owner(), 3,
                        _Registry())
+
+
+def test_a_consent_limited_to_jobs_signs_its_limit_and_is_spent_last():
+    import dataclasses
+    import json
+
+    from nacl.signing import SigningKey
+
+    from ppfs.contract import (
+        Consent,
+        ConsentError,
+        JobContract,
+        PinnedDataset,
+        PinnedUpload,
+        Reveal,
+        check_consents,
+    )
+    from ppfs.step2a import Security
+
+    key, recipient = SigningKey.generate(), bytes(range(32))
+    plain = Consent("owner-a", "ds", "analyst", recipient, Reveal.SELECTION,
+                    created_at="2025-01-01T00:00:00Z")
+    assert "max_jobs" not in json.loads(plain.to_bytes())  # earlier consents read as before
+    once = dataclasses.replace(plain, max_jobs=1)
+    assert json.loads(once.to_bytes())["max_jobs"] == 1
+    assert Consent.from_bytes(once.to_bytes()) == once
+    for bad in (-1, "2", True, 10**7):
+        d = json.loads(plain.to_bytes()) | {"max_jobs": bad}
+        with pytest.raises(ConsentError, match="malformed"):
+            Consent.from_bytes(json.dumps(d).encode())
+
+    job = JobContract(
+        job_id="j", datasets=(PinnedDataset("ds", (PinnedUpload("u", "0" * 64, 30),)),),
+        combination=Combination.HORIZONTAL, label_column="y", k=1,
+        security=Security.PASSIVE_3PC, engine="mpyc", frac_bits=16,
+        recipient="analyst", recipient_public_key=recipient, mask_upload_id="m", m=30, p=5,
+        classes=2)
+    signed = [dataclasses.replace(once, max_jobs=n).sign(key) for n in (1, 2)]
+
+    def check(consents, used=None):
+        return check_consents(dataclasses.replace(job, consents=tuple(consents)),
+                              {"ds": ["owner-a"]}, {"owner-a": bytes(key.verify_key)},
+                              "analyst", recipient, used)
+
+    assert check(signed) == [min(s.digest for s in signed)]
+    assert check(signed, {signed[0].digest: 1}) == [signed[1].digest]
+    assert check([*signed, plain.sign(key)], {}) == []  # the unlimited one first
+    with pytest.raises(ConsentError, match=r"allows 2 jobs, all used"):
+        check(signed[1:], {signed[1].digest: 2})

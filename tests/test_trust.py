@@ -552,6 +552,86 @@ def test_turned_gateway_cannot_change_what_the_recipient_asked_for(tmp_path: Pat
     asyncio.run(scenario())
 
 
+def test_a_consent_for_a_number_of_jobs_is_spent_at_every_party(tmp_path: Path) -> None:
+    """A consent for two jobs, relayed again and again by a turned gateway (its own
+    identity on the parties): every party accepts two jobs under it, refuses a third,
+    and still refuses it after a restart (the uses are kept with the jobs that spent
+    them). Beside a consent without a limit, the limited one is not spent."""
+    import asyncio
+
+    from party_harness import describe_job, mask_upload, start_requests, upload_messages
+    from ppfs_party.server import start_party_server
+
+    from ppfs.contract import SignedConsent
+    from ppfs.v1 import party_pb2
+    from ppfs.v1.party_pb2_grpc import PartyServiceStub
+
+    limited: list[SignedConsent] = []
+
+    def refused_everywhere(stubs: list[Any], desc: Any) -> Any:
+        async def check() -> None:
+            for st in stubs:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await st.StartJob(start_requests(desc))
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert ("no consent to reveal the selection to 'analyst' from owner 'owner-a' "
+                        "for data set 'ds' (its consent allows 2 jobs, all used)"
+                        ) in (info.value.details() or ""), info.value.details()
+        return check()
+
+    async def scenario() -> None:
+        async with _gateway_on_three_mpyc_parties(tmp_path) as (dep, stubs, box, owner, rec,
+                                                                 _gw, data):
+            ana = bytes(rec.box.public_key)
+            masks = [mask_upload(rec, box, np.zeros((1, 2), dtype=np.uint64),
+                                 dataset_id="m", upload_id=f"m{i}") for i in range(5)]
+            for up in (data, *masks):
+                for i, st in enumerate(stubs):
+                    await st.PutUploadPart(upload_messages(up, i))
+            limited.append(Consent("owner-a", "ds", "analyst", ana, Reveal.SELECTION,
+                                   max_jobs=2).sign(owner.key))
+
+            def job(n: int, consents: list[SignedConsent]) -> Any:
+                return describe_job(f"j{n}", [[data]], mask=masks[n], k=1,
+                                    security="passive-3pc", engine="mpyc",
+                                    recipient_public_key=ana, peers=dep.peer_addresses(),
+                                    consents=consents)
+
+            for n in (0, 1):
+                for st in stubs:
+                    await st.StartJob(start_requests(job(n, limited)))
+                for st in stubs:
+                    await st.CancelJob(party_pb2.CancelJobRequest(job_id=f"j{n}"))
+            await refused_everywhere(stubs, job(2, limited))
+            for st_dir in (s.state_dir for s in dep.settings):
+                audit = [json.loads(x) for x in (st_dir / "audit.log").read_text().splitlines()]
+                spent = [e["consents_spent"] for e in audit if e["event"] == "job.accepted"]
+                assert spent == [[limited[0].digest]] * 2
+        # the parties again, on their state
+        servers = [await start_party_server(st) for st in dep.settings]
+        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+        try:
+            stubs = [PartyServiceStub(c) for c in channels]
+            await refused_everywhere(stubs, job(3, limited))
+            unlimited = Consent("owner-a", "ds", "analyst", ana, Reveal.SELECTION
+                                ).sign(owner.key)
+            for st in stubs:
+                await st.StartJob(start_requests(job(4, [*limited, unlimited])))
+            for st in stubs:
+                await st.CancelJob(party_pb2.CancelJobRequest(job_id="j4"))
+            for st_dir in (s.state_dir for s in dep.settings):
+                audit = [json.loads(x) for x in (st_dir / "audit.log").read_text().splitlines()]
+                j4 = [e for e in audit if e["event"] == "job.accepted" and e["job_id"] == "j4"]
+                assert [e["consents_spent"] for e in j4] == [[]]
+        finally:
+            for c in channels:
+                await c.close()
+            for srv in servers:
+                await srv.stop(0)
+
+    asyncio.run(scenario())
+
+
 def test_consent_command_stores_a_signed_consent_every_job_carries(
     stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -606,3 +686,36 @@ def test_consent_command_stores_a_signed_consent_every_job_carries(
             got[owner] = sc.verify(stack.keys[owner].verify_key).dataset_id
     assert got == {"owner-a": ids[0], "owner-b": ids[1]}
     assert len(desc.consents) == 3  # owner-a's expired one relayed too: the parties skip it
+
+    # owner-b gives its consent anew, for one job: it replaces the stored one
+    with pytest.raises(SystemExit):
+        run(capsys, stack, url, "owner-b", "datasets", "consent", ids[1], "--recipient",
+            "analyst-1", "--recipient-key", box, "--max-jobs", "0")
+    rc, out, err = run(capsys, stack, url, "owner-b", "datasets", "consent", ids[1],
+                       "--recipient", "analyst-1", "--recipient-key", box, "--max-jobs", "1")
+    assert rc == 0 and "owner-b lets analyst-1 learn the selection of 1 job on" in out, err
+    assert [c["max_jobs"] for c in analyst.list_consents(ids[1])] == [1]
+
+
+def test_a_consent_for_one_job_serves_one_job_through_the_gateway(tmp_path: Path) -> None:
+    """The owners' consents for one job each, on the party daemons themselves: the first
+    job runs (its selection equal to the mirror), the second fails, every party naming
+    the spent consent."""
+    stack = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",)))
+    try:
+        t, ids, _ = horizontal_setup(stack, m=20, p=4, seed=5)
+        analyst = stack.client("analyst-1")
+        key = stack.keys["analyst-1"]
+        for owner, ds in (("owner-a", ids[0]), ("owner-b", ids[1])):
+            stack.client(owner).consent(stack.keys[owner], ds, "analyst-1",
+                                        key.box_public_key, Reveal.SELECTION, max_jobs=1)
+        once = analyst.submit(key, ids, label="label", k=1, engine="mpyc")
+        assert wait_final(analyst, once["id"], timeout=120)["state"] == "succeeded"
+        got = analyst.fetch_result(key, once["id"])
+        assert got.indices.tolist() == oracle.ms_gini_top_k(t.x, t.y, t.n_classes, 1).tolist()
+        again = analyst.submit(key, ids, label="label", k=1, engine="mpyc")
+        end = wait_final(analyst, again["id"], timeout=120)
+        assert end["state"] == "failed" and end["failure_kind"] == "refused", end
+        assert "its consent allows 1 job, all used" in end["error"], end
+    finally:
+        stack.close()

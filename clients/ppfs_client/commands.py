@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ppfs.contract import TIME_FORMAT, Reveal, utc_time
+from ppfs.contract import MAX_CONSENT_JOBS, TIME_FORMAT, Reveal, utc_time
 from ppfs.errors import InputDataError, ParameterError, PpfsError
 from ppfs.jobflags import (
     ENGINE_PREFERENCE,
@@ -113,6 +113,12 @@ def add_commands(sub: Any) -> None:
         help="the consent ends then: a UTC time YYYY-MM-DDTHH:MM:SSZ, or a date YYYY-MM-DD "
         "(to the end of that day, UTC); every party refuses jobs that need it afterwards. "
         "Without it the consent does not expire (a signed consent cannot be withdrawn)",
+    )
+    consent.add_argument(
+        "--max-jobs", metavar="N", type=_max_jobs, default=0,
+        help="the consent serves at most N jobs: every party counts the jobs it accepts "
+        "under it (a job it accepted counts, however it ends) and refuses more. Without it, "
+        "any number of jobs",
     )
     _conn_args(consent)
     consent.set_defaults(func=_datasets_consent)
@@ -412,6 +418,14 @@ def _public_key(text: str) -> bytes:
     return key
 
 
+def _max_jobs(text: str) -> int:
+    """--max-jobs: a whole number of jobs, 1 to MAX_CONSENT_JOBS."""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_CONSENT_JOBS:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a number of jobs from 1 to {MAX_CONSENT_JOBS}")
+    return int(text)
+
+
 def _expiry(text: str) -> str:
     """--expires: a UTC time (kept as given) or a date (to the end of that day, UTC)."""
     try:
@@ -434,10 +448,12 @@ def _datasets_consent(args: argparse.Namespace) -> int:
     with _client(args) as client:
         c = client.consent(keys, args.dataset_id, args.recipient,
                            _public_key(args.recipient_key), reveal,
-                           expires_at=args.expires or "")
+                           expires_at=args.expires or "", max_jobs=args.max_jobs)
     until = f" until {c['expires_at']}" if c.get("expires_at") else ""
-    _out(args, c, f"{c['owner_id']} lets {c['recipient']} learn the {c['reveal']} of jobs on "
-         f"{c['dataset_id']}{until}")
+    n = int(c.get("max_jobs", 0))
+    jobs = f"{n} job{'s' if n > 1 else ''}" if n else "jobs"
+    _out(args, c, f"{c['owner_id']} lets {c['recipient']} learn the {c['reveal']} of {jobs} "
+         f"on {c['dataset_id']}{until}")
     return 0
 
 

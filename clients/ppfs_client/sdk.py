@@ -235,14 +235,15 @@ class GatewayClient:
 
     def consent(
         self, keys: ClientKeys, dataset_id: str, recipient: str, recipient_key: bytes,
-        reveal: Reveal = Reveal.SELECTION, expires_at: str = "",
+        reveal: Reveal = Reveal.SELECTION, expires_at: str = "", max_jobs: int = 0,
     ) -> dict[str, Any]:
         """Sign (with the owner's key) and store a consent: jobs on this data set may
         reveal ``reveal`` to ``recipient`` holding ``recipient_key`` (with ``expires_at``,
-        UTC ``YYYY-MM-DDTHH:MM:SSZ``: until then). Every party checks it itself before it
-        runs a job on the owner's uploads."""
+        UTC ``YYYY-MM-DDTHH:MM:SSZ``: until then; with ``max_jobs``: for that many jobs,
+        counted by every party). Every party checks it itself before it runs a job on the
+        owner's uploads."""
         signed = Consent(keys.subject, dataset_id, recipient, recipient_key, reveal,
-                         expires_at=expires_at).sign(keys.signing)
+                         expires_at=expires_at, max_jobs=max_jobs).sign(keys.signing)
         body = {"statement": base64.b64encode(signed.statement).decode(),
                 "signature": base64.b64encode(signed.signature).decode()}
         return dict(self._call("POST", f"/v1/datasets/{dataset_id}/consents", body))

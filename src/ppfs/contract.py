@@ -314,6 +314,7 @@ def _b64(data: bytes) -> str:
 
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # UTC, as consents state their times
+MAX_CONSENT_JOBS = 1_000_000
 
 
 def utc_time(text: str) -> dt.datetime:
@@ -325,7 +326,9 @@ def utc_time(text: str) -> dt.datetime:
 class Consent:
     """An owner's permission: jobs on ``dataset_id`` may reveal ``reveal`` to the
     recipient ``recipient`` holding the X25519 key ``recipient_public_key``; with
-    ``expires_at`` (UTC, TIME_FORMAT), only jobs a party accepts before then."""
+    ``expires_at`` (UTC, TIME_FORMAT), only jobs a party accepts before then; with
+    ``max_jobs`` above 0, at most that many jobs (each party counts the jobs it accepted
+    under this very statement, :func:`check_consents`)."""
 
     owner_id: str
     dataset_id: str
@@ -334,9 +337,10 @@ class Consent:
     reveal: Reveal
     created_at: str = ""
     expires_at: str = ""  # "" never: left out of the signed form
+    max_jobs: int = 0  # 0 any number: left out of the signed form
 
     def to_bytes(self) -> bytes:
-        d = {
+        d: dict[str, str | int] = {
             "purpose": CONSENT_PURPOSE, "owner_id": self.owner_id,
             "dataset_id": self.dataset_id, "recipient": self.recipient,
             "recipient_public_key": _b64(self.recipient_public_key),
@@ -346,6 +350,10 @@ class Consent:
         if self.expires_at:
             utc_time(self.expires_at)  # ValueError on another form
             d["expires_at"] = self.expires_at
+        if self.max_jobs:
+            if not 0 < self.max_jobs <= MAX_CONSENT_JOBS:
+                raise ValueError(f"a consent allows 1 to {MAX_CONSENT_JOBS} jobs")
+            d["max_jobs"] = self.max_jobs
         return _canonical(d)
 
     @classmethod
@@ -360,8 +368,11 @@ class Consent:
             expires = str(d.get("expires_at", ""))
             if expires:
                 utc_time(expires)
+            max_jobs = d.get("max_jobs", 0)
+            if type(max_jobs) is not int or not 0 <= max_jobs <= MAX_CONSENT_JOBS:
+                raise ValueError
             return cls(str(d["owner_id"]), str(d["dataset_id"]), str(d["recipient"]), key,
-                       Reveal(d["reveal"]), str(d["created_at"]), expires)
+                       Reveal(d["reveal"]), str(d["created_at"]), expires, max_jobs)
         except (ValueError, KeyError, TypeError, binascii.Error):
             raise ConsentError("a consent statement is malformed") from None
 
@@ -383,6 +394,11 @@ class SignedConsent:
     def consent(self) -> Consent:
         return Consent.from_bytes(self.statement)
 
+    @property
+    def digest(self) -> str:
+        """What a party counts a limited consent's jobs under (SHA-256 of the statement)."""
+        return hashlib.sha256(self.statement).hexdigest()
+
     def verify(self, owner_key: bytes) -> Consent:
         try:
             VerifyKey(owner_key).verify(self.statement, self.signature)
@@ -393,14 +409,20 @@ class SignedConsent:
 
 def check_consents(
     job: JobContract, upload_owners: Mapping[str, Sequence[str]], owner_keys: Mapping[str, bytes],
-    mask_owner: str, mask_recipient_key: bytes,
-) -> None:
+    mask_owner: str, mask_recipient_key: bytes, used: Mapping[str, int] | None = None,
+) -> list[str]:
     """A party's own authorisation of a job: for every data set, every owner of a
     pinned upload (``upload_owners``: data set id -> owner ids, from the manifests the
     party verified) signed a consent (key from ``owner_keys``, the party's registered
     owners) for this data set, the job's recipient and key, revealing at least what
-    the job reveals; and the mask upload was made by that recipient for that key.
-    ConsentError naming what is missing otherwise."""
+    the job reveals, neither expired nor spent; and the mask upload was made by that
+    recipient for that key. ConsentError naming what is missing otherwise.
+
+    ``used`` counts the jobs this party accepted under each limited consent (by
+    :attr:`SignedConsent.digest`). An owner's consent without a limit is relied on
+    first; otherwise one of its limited consents with a job left (the lowest digest).
+    Returns the digests of the limited consents the job spends, one per owner and data
+    set that needs one: the caller records them with the job it accepts."""
     if not job.recipient:
         raise ConsentError("the job names no recipient")
     if mask_owner != job.recipient or mask_recipient_key != job.recipient_public_key:
@@ -408,27 +430,46 @@ def check_consents(
             f"the mask upload was not made by the recipient {job.recipient!r} for the job's "
             "recipient key"
         )
-    valid: set[tuple[str, str]] = set()
+    used = used or {}
+    valid: set[tuple[str, str]] = set()  # without a limit
+    limited: dict[tuple[str, str], list[str]] = {}  # digests with a job left
     expired: set[tuple[str, str]] = set()
+    spent: dict[tuple[str, str], int] = {}  # its limit, all used
     for sc in job.consents:
         c = sc.consent
         key = owner_keys.get(c.owner_id)
         if key is None:
             continue
         sc.verify(key)
-        if (c.recipient, c.recipient_public_key) == (job.recipient, job.recipient_public_key) \
-                and c.reveal.covers(job.training is not None):
-            (expired if c.expired() else valid).add((c.owner_id, c.dataset_id))
-    missing = [f"{o!r} for data set {ds!r}"
-               + (" (its consent has expired)" if (o, ds) in expired else "")
-               for ds, owners in upload_owners.items()
-               for o in sorted(set(owners)) if (o, ds) not in valid]
+        if (c.recipient, c.recipient_public_key) != (job.recipient, job.recipient_public_key) \
+                or not c.reveal.covers(job.training is not None):
+            continue
+        who = (c.owner_id, c.dataset_id)
+        if c.expired():
+            expired.add(who)
+        elif not c.max_jobs:
+            valid.add(who)
+        elif used.get(sc.digest, 0) < c.max_jobs:
+            limited.setdefault(who, []).append(sc.digest)
+        else:
+            spent[who] = c.max_jobs
+
+    def why(who: tuple[str, str]) -> str:
+        if who in spent:
+            n = spent[who]
+            return f" (its consent allows {n} job{'s' if n > 1 else ''}, all used)"
+        return " (its consent has expired)" if who in expired else ""
+
+    needed = [(o, ds) for ds, owners in upload_owners.items() for o in sorted(set(owners))]
+    missing = [f"{o!r} for data set {ds!r}{why((o, ds))}" for o, ds in needed
+               if (o, ds) not in valid and (o, ds) not in limited]
     if missing:
         what = "the selection and model" if job.training is not None else "the selection"
         raise ConsentError(
             f"no consent to reveal {what} to {job.recipient!r} from owner "
             + "; ".join(missing)[:400]
         )
+    return [min(limited[who]) for who in needed if who not in valid]
 
 
 class RequestError(ParameterError):

@@ -6,7 +6,8 @@ StartJob only checks: the description's hash, the contract (ppfs.contract.JobCon
 this party's part in it (engine, index, its assigned MPC port), the pinned uploads
 (ppfs_party.combine.pinned_uploads) and the owners' consents (ppfs.contract.check_consents:
 every owner of a pinned upload signed, with its key registered here, a consent naming
-the job's recipient and key and what the job reveals; the mask upload was signed by
+the job's recipient and key and what the job reveals, not expired and, for a consent
+limited to a number of jobs, with one left here; the mask upload was signed by
 that recipient for that key) and the recipient's request (ppfs.contract.check_request:
 the job's parameters are exactly those the recipient signed). The gateway's own checks
 are not relied on. It then
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import datetime as dt
 import json
@@ -127,6 +129,9 @@ class JobRecord:
     mpc_port: int = 0
     # columns, column_exponents, classes as verified from the owner-signed manifests
     verified: dict[str, list[object]] = field(default_factory=dict)
+    # the limited consents this job spent (SHA-256 of each statement): counted again
+    # from the records on every start, so a use outlives a crash with its job
+    spent_consents: list[str] = field(default_factory=list)
     created_at: str = ""
     updated_at: str = ""
 
@@ -166,6 +171,7 @@ class JobRunner:
         self.engines = engines
         self.jobs_dir = settings.state_dir / "jobs"
         self._records: dict[str, JobRecord] = {}
+        self._consent_uses: collections.Counter[str] = collections.Counter()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._changed: dict[str, asyncio.Condition] = {}
         self._version: dict[str, int] = {}
@@ -195,6 +201,7 @@ class JobRunner:
                 self.audit.record("job.failed", job_id=rec.job_id, reason=rec.error)
                 self._remove_inputs(rec.job_id)
             self._records[rec.job_id] = rec
+            self._consent_uses.update(rec.spent_consents)
 
     def _save(self, rec: JobRecord) -> None:
         rec.updated_at = _now()
@@ -263,6 +270,7 @@ class JobRunner:
             recipient=job.recipient, recipient_key=fingerprint(job.recipient_public_key),
             consents=[(c.consent.owner_id, c.consent.dataset_id, c.consent.reveal.value)
                       for c in job.consents],
+            consents_spent=rec.spent_consents,
             peers=list(job.peer_mpc_addresses),
             **({"dial": [str(d) for d in self.settings.mpc_dial]}
                if self.settings.mpc_dial else {}),
@@ -310,12 +318,12 @@ class JobRunner:
         if mask.kinds != frozenset({"mask"}):
             raise ParameterError("the mask upload holds no mask words")
         owners = self.store.owners()
-        check_consents(
+        spent = check_consents(
             job,
             {ds.dataset_id: [u.manifest.owner_id for u in ups]
              for ds, ups in zip(job.datasets, found, strict=True)},
             owners, mask.manifest.owner_id,
-            base64.b64decode(mask.manifest.recipient_public_key),
+            base64.b64decode(mask.manifest.recipient_public_key), self._consent_uses,
         )
         # the parameters are the recipient's, not the gateway's: signed by the recipient
         check_request(job, owners.get(job.recipient))
@@ -332,9 +340,11 @@ class JobRunner:
             verified={"columns": list(verified.columns),
                       "column_exponents": list(verified.column_exponents),
                       "classes": list(verified.classes)},
+            spent_consents=spent,
         )
         self._records[job_id] = rec
-        self._save(rec)
+        self._save(rec)  # durable before the use is counted or the job answered
+        self._consent_uses.update(spent)
         return rec, job, engine
 
     async def _compile(self, engine: Engine, shape: Step2AShape, security: Security) -> str:

@@ -175,6 +175,7 @@ class ConsentOut(BaseModel):
     recipient_public_key: str = Field(description="X25519, base64")
     reveal: Literal["selection", "selection+model"]
     expires_at: str = Field(default="", description="UTC; empty: the consent does not expire")
+    max_jobs: int = Field(default=0, description="jobs it allows at each party; 0: any number")
 
 
 class TrainingIn(Strict):

@@ -191,10 +191,11 @@ async def repair_upload(
 
 
 def consent_out(c: ConsentRecord) -> ConsentOut:
+    signed = Consent.from_bytes(c.statement)
     return ConsentOut(dataset_id=c.dataset_id, owner_id=c.owner_id, recipient=c.recipient,
                       recipient_public_key=c.recipient_key,
                       reveal=c.reveal,  # type: ignore[arg-type]
-                      expires_at=Consent.from_bytes(c.statement).expires_at)
+                      expires_at=signed.expires_at, max_jobs=signed.max_jobs)
 
 
 @router.post(
