@@ -695,6 +695,12 @@ def test_consent_command_stores_a_signed_consent_every_job_carries(
                        "--recipient", "analyst-1", "--recipient-key", box, "--max-jobs", "1")
     assert rc == 0 and "owner-b lets analyst-1 learn the selection of 1 job on" in out, err
     assert [c["max_jobs"] for c in analyst.list_consents(ids[1])] == [1]
+    rc, out, err = run(capsys, stack, url, "analyst-1", "datasets", "consents", ids[1])
+    assert rc == 0 and f"1 consent for {ids[1]}" in out, err
+    assert out.count("owner-b -> analyst-1") == 1  # the consent for one job replaced it
+    assert "selection; no expiry; at most 1 job" in out, out
+    rc, out, _ = run(capsys, stack, url, "analyst-1", "datasets", "consents", ids[0])
+    assert "selection+model; until 2020-01-01T00:00:00Z; any number of jobs" in out, out
 
 
 def test_a_consent_for_one_job_serves_one_job_through_the_gateway(tmp_path: Path) -> None:

@@ -122,6 +122,15 @@ def add_commands(sub: Any) -> None:
     )
     _conn_args(consent)
     consent.set_defaults(func=_datasets_consent)
+    consents = dsub.add_parser(
+        "consents", help="the consents stored for a data set",
+        description="The owners' consents the gateway stores and relays with jobs on "
+        "DATASET: owner, recipient, what may be revealed, until when and for how many jobs. "
+        "This is the gateway's record; every party checks each consent itself.",
+    )
+    consents.add_argument("dataset_id", metavar="DATASET")
+    _conn_args(consents)
+    consents.set_defaults(func=_datasets_consents)
 
     masks = sub.add_parser("masks", help="output masks of a result recipient")
     msub = masks.add_subparsers(dest="masks_command", required=True)
@@ -416,6 +425,22 @@ def _public_key(text: str) -> bytes:
     if len(key) != 32:
         raise ParameterError("--recipient-key must be a 32-byte X25519 public key (base64 or hex)")
     return key
+
+
+@_guard
+def _datasets_consents(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        got = client.list_consents(args.dataset_id)
+    lines = [f"{len(got)} consent{'' if len(got) == 1 else 's'} for {args.dataset_id}"]
+    for c in got:
+        n = int(c.get("max_jobs", 0))
+        lines.append(
+            f"  {c['owner_id']} -> {c['recipient']} (key {c['recipient_public_key'][:12]}...):"
+            f" {c['reveal']}; " + (f"until {c['expires_at']}" if c.get("expires_at")
+                                  else "no expiry")
+            + "; " + (f"at most {n} job{'s' if n > 1 else ''}" if n else "any number of jobs"))
+    _out(args, got, "\n".join(lines))
+    return 0
 
 
 def _max_jobs(text: str) -> int:
