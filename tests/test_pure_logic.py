@@ -273,7 +273,8 @@ def test_registry_lists_uploads_in_their_signed_order(tmp_path: Path):
     assert got is not None and got.upload_ids == ("u-a", "u-0", "u-b")
     reg.close()
 
-    # a registry made before uploads recorded their signed time: the commit time stands in
+    # a registry made before uploads recorded their signed time: unknown until learnt
+    # from the parties (test_upload_all_or_nothing.py::test_upgraded_registry_learns_...)
     old = tmp_path / "old.db"
     db = sqlite3.connect(old)
     db.executescript(
@@ -286,7 +287,12 @@ def test_registry_lists_uploads_in_their_signed_order(tmp_path: Path):
     db.commit()
     db.close()
     reg = Registry(old)
-    assert [u for u, _, _ in reg.upload_pins("ds")] == ["u-2", "u-1"]
+    assert reg.uploads_without_signed_time("ds") == {"u-1", "u-2"}
+    reg.set_signed_at("u-2", "2025-01-03T00:00:00.000000Z")
+    reg.set_signed_at("u-1", "2025-01-02T00:00:00.000000Z")
+    reg.set_signed_at("u-1", "2025-01-04T00:00:00.000000Z")  # learnt once, kept
+    assert reg.uploads_without_signed_time("ds") == set()
+    assert [u for u, _, _ in reg.upload_pins("ds")] == ["u-1", "u-2"]
     reg.close()
 
 

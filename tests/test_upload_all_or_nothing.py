@@ -198,3 +198,34 @@ def test_lost_upload_is_named_refused_and_repaired(
     assert store(s, 1).status(upload_id) == "committed"
     run_job(s, ds, t, 12)
     assert len(analyst.list_datasets(kind="mask")) == len(masks_before) + 1
+
+
+def test_upgraded_registry_learns_the_signed_order_from_the_parties(stack: Stack) -> None:
+    """A registry made before it kept each upload's owner-signed time (its uploads
+    listed by id here, the other way round from their signed order): the gateway learns
+    the times from the parties before the job, pins the uploads in the order every party
+    requires, and the job sees the rows in that order."""
+    s = stack
+    t = make_table(20, 3, seed=8)
+    a, admin = s.client("owner-a"), s.client("admin")
+    ds = a.create_dataset("study")["id"]
+    admin.grant(ds, "analyst-1")
+    a.consent(s.keys["owner-a"], ds, "analyst-1", s.keys["analyst-1"].box_public_key)
+    dep = a.deployment()
+    body = build_upload(s.keys["owner-a"], owner_table(t, slice(0, 12)), ds, dep,
+                        upload_id="up-z")  # signed first, its id sorts last
+    a.post_upload(ds, body)
+    exps = a.get_dataset(ds)["column_exponents"]
+    a.post_upload(ds, build_upload(s.keys["owner-a"], owner_table(t, slice(12, 20)), ds, dep,
+                                   exponents=exps, upload_id="up-a"))
+    assert a.get_dataset(ds)["upload_ids"] == ["up-z", "up-a"]
+    reg = s.root / "gateway" / "registry.sqlite3"
+    db = sqlite3.connect(reg)
+    try:
+        db.execute("UPDATE uploads SET signed_at = ''")  # as an older registry has them
+        db.commit()
+    finally:
+        db.close()
+    assert a.get_dataset(ds)["upload_ids"] == ["up-a", "up-z"]
+    run_job(s, ds, t, 20)
+    assert a.get_dataset(ds)["upload_ids"] == ["up-z", "up-a"]

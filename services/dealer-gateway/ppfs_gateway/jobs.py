@@ -328,6 +328,7 @@ class JobCoordinator:
         if who.role not in (Role.ANALYST, Role.DATA_OWNER, Role.ADMIN):
             raise Forbidden("this role cannot submit jobs")
         identities = await self.parties.identities()
+        await self.uploads.learn_signed_times(list(spec.dataset_ids))
         try:
             plan = plan_job(self.registry, who, spec, identities, "validate", validate_only=True)
         except ParameterError as exc:
@@ -339,6 +340,7 @@ class JobCoordinator:
         if who.role not in (Role.ANALYST, Role.DATA_OWNER, Role.ADMIN):
             raise Forbidden("this role cannot submit jobs")
         identities = await self.parties.identities()
+        await self.uploads.learn_signed_times(list(spec.dataset_ids))
         job_id = new_id()
         try:
             plan = plan_job(self.registry, who, spec, identities, job_id,

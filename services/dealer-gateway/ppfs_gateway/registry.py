@@ -216,13 +216,11 @@ class Registry:
             self._db.execute(
                 "ALTER TABLE job_parties ADD COLUMN failure TEXT NOT NULL DEFAULT ''"
             )
-        # registries made before uploads recorded their signed time: the commit time
-        # stands in (it follows the signing by the upload's duration); a job that pins
-        # such uploads out of their signed order is refused by every party, naming it
+        # registries made before uploads recorded their signed time: left empty, learnt
+        # from the parties before a job uses them (UploadKeeper.learn_signed_times)
         cols = {r[1] for r in self._db.execute("PRAGMA table_info(uploads)")}
         if "signed_at" not in cols:
             self._db.execute("ALTER TABLE uploads ADD COLUMN signed_at TEXT NOT NULL DEFAULT ''")
-            self._db.execute("UPDATE uploads SET signed_at = created_at")
 
     def close(self) -> None:
         with self._lock:
@@ -409,6 +407,19 @@ class Registry:
                 "SELECT dataset_id, owner_id, rows FROM uploads WHERE id = ?", (upload_id,)
             ).fetchone()
             return None if row is None else (row[0], row[1], int(row[2]))
+
+    def uploads_without_signed_time(self, dataset_id: str) -> set[str]:
+        """Uploads recorded before the registry kept their owner-signed times."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id FROM uploads WHERE dataset_id = ? AND signed_at = ''", (dataset_id,)
+            ).fetchall()
+            return {r[0] for r in rows}
+
+    def set_signed_at(self, upload_id: str, signed_at: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE uploads SET signed_at = ? WHERE id = ? AND signed_at = ''",
+                       (signed_at, upload_id))
 
     def upload_pins(self, dataset_id: str) -> list[tuple[str, str, int]]:
         """(upload id, manifest SHA-256, rows) of every upload of a data set, in order."""

@@ -373,6 +373,33 @@ class UploadKeeper:
         ]
         return h
 
+    async def learn_signed_times(self, dataset_ids: list[str]) -> None:
+        """Uploads recorded before the registry kept their owner-signed times: learn each
+        one's from the parties' listings (the time in the manifest each party verified),
+        where every party that answers and holds it states the same, so that jobs list
+        a data set's uploads in the order every party requires. Nothing to do (and no
+        call) for uploads recorded since."""
+        for dataset_id in dataset_ids:
+            unknown = self.registry.uploads_without_signed_time(dataset_id)
+            if not unknown:
+                continue
+            answers = await asyncio.gather(
+                *(c.list_uploads(dataset_id, timeout=self.rpc_seconds)
+                  for c in self.parties.clients),
+                return_exceptions=True,
+            )
+            stated: dict[str, set[str]] = {}
+            for ans in answers:
+                if isinstance(ans, pb.ListUploadsResponse):
+                    for u in ans.uploads:
+                        if u.upload_id in unknown:
+                            stated.setdefault(u.upload_id, set()).add(u.signed_at)
+            for upload_id, times in stated.items():
+                if len(times) == 1 and (signed_at := times.pop()):
+                    self.registry.set_signed_at(upload_id, signed_at)
+                    log.info("[Gateway.Uploads] upload=%s signed time learnt from the parties",
+                             upload_id)
+
     async def require_complete(self, dataset_ids: list[str]) -> None:
         """Before a job: every reachable party holds exactly the recorded uploads of every
         data set, committed. Pending commits are sent first. A party that cannot be reached

@@ -11,6 +11,7 @@ import grpc
 
 from ppfs.contract import FailureKind, JobState
 from ppfs.errors import ParameterError
+from ppfs.upload import Manifest, UploadRejected
 from ppfs.v1 import party_pb2, party_pb2_grpc
 from ppfs_party.errors import to_status
 from ppfs_party.jobs import JobRecord
@@ -55,6 +56,14 @@ _UPLOAD_STATUS = {
     "committed": party_pb2.UPLOAD_STATUS_COMMITTED,
     "aborted": party_pb2.UPLOAD_STATUS_ABORTED,
 }
+
+
+def _signed_at(manifest: Manifest) -> str:
+    """The manifest's signed time, or "" for one stored before parties checked it."""
+    try:
+        return manifest.signed_at()
+    except UploadRejected:
+        return ""
 
 
 def job_status(rec: JobRecord) -> party_pb2.JobStatus:
@@ -134,7 +143,8 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
         return party_pb2.ListUploadsResponse(dataset_id=request.dataset_id, uploads=[
             party_pb2.HeldUpload(upload_id=u.manifest.upload_id,
                                  manifest_sha256=u.manifest.digest(), rows=u.manifest.rows,
-                                 status=_UPLOAD_STATUS[status])
+                                 status=_UPLOAD_STATUS[status],
+                                 signed_at=_signed_at(u.manifest))
             for u, status in held])
 
     @_unary

@@ -195,16 +195,18 @@ class ListUploadsRequest(_message.Message):
     def __init__(self, dataset_id: _Optional[str] = ...) -> None: ...
 
 class HeldUpload(_message.Message):
-    __slots__ = ("upload_id", "manifest_sha256", "rows", "status")
+    __slots__ = ("upload_id", "manifest_sha256", "rows", "status", "signed_at")
     UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_AT_FIELD_NUMBER: _ClassVar[int]
     upload_id: str
     manifest_sha256: str
     rows: int
     status: UploadStatus
-    def __init__(self, upload_id: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., rows: _Optional[int] = ..., status: _Optional[_Union[UploadStatus, str]] = ...) -> None: ...
+    signed_at: str
+    def __init__(self, upload_id: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., rows: _Optional[int] = ..., status: _Optional[_Union[UploadStatus, str]] = ..., signed_at: _Optional[str] = ...) -> None: ...
 
 class ListUploadsResponse(_message.Message):
     __slots__ = ("dataset_id", "uploads")
