@@ -364,22 +364,36 @@ def test_job_without_the_owners_consent_is_refused_by_every_party(tmp_path: Path
 
 
 @contextlib.asynccontextmanager
+async def _serving(dep: Any) -> AsyncIterator[list[Any]]:
+    """The deployment's party daemons served locally (on their state as it is) and the
+    gateway's identity on them: their stubs."""
+    from ppfs_party.server import start_party_server
+
+    from ppfs.v1.party_pb2_grpc import PartyServiceStub
+
+    servers = [await start_party_server(st) for st in dep.settings]
+    channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+    try:
+        yield [PartyServiceStub(c) for c in channels]
+    finally:
+        for c in channels:
+            await c.close()
+        for srv in servers:
+            await srv.stop(0)
+
+
+@contextlib.asynccontextmanager
 async def _gateway_on_three_mpyc_parties(tmp_path: Path) -> AsyncIterator[tuple[Any, ...]]:
     """Three MPyC parties served locally and the gateway's identity on them: (deployment,
     stubs, the parties' box keys, owners owner-a, analyst and gateway-admin, owner-a's
     upload u1 of data set ds, not yet sent)."""
     from party_harness import Deployment, data_upload
-    from ppfs_party.server import start_party_server
 
     from ppfs.fixedpoint import FixedPoint
     from ppfs.v1 import party_pb2
-    from ppfs.v1.party_pb2_grpc import PartyServiceStub
 
     dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
-    servers = [await start_party_server(st) for st in dep.settings]
-    channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
-    try:
-        stubs = [PartyServiceStub(c) for c in channels]
+    async with _serving(dep) as stubs:
         box = [(await st.GetIdentity(party_pb2.GetIdentityRequest())).box_public_key
                for st in stubs]
         t = make_table(12, 3, seed=4)
@@ -391,11 +405,6 @@ async def _gateway_on_three_mpyc_parties(tmp_path: Path) -> AsyncIterator[tuple[
                            dataset_id="ds", upload_id="u1", onehot=t.one_hot(),
                            label_column=t.label_column, classes=t.classes)
         yield dep, stubs, box, owner, rec, gw, data
-    finally:
-        for c in channels:
-            await c.close()
-        for srv in servers:
-            await srv.stop(0)
 
 
 def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path: Path) -> None:
@@ -560,11 +569,9 @@ def test_a_consent_for_a_number_of_jobs_is_spent_at_every_party(tmp_path: Path) 
     import asyncio
 
     from party_harness import describe_job, mask_upload, start_requests, upload_messages
-    from ppfs_party.server import start_party_server
 
     from ppfs.contract import SignedConsent
     from ppfs.v1 import party_pb2
-    from ppfs.v1.party_pb2_grpc import PartyServiceStub
 
     limited: list[SignedConsent] = []
 
@@ -607,11 +614,7 @@ def test_a_consent_for_a_number_of_jobs_is_spent_at_every_party(tmp_path: Path) 
                 audit = [json.loads(x) for x in (st_dir / "audit.log").read_text().splitlines()]
                 spent = [e["consents_spent"] for e in audit if e["event"] == "job.accepted"]
                 assert spent == [[limited[0].digest]] * 2
-        # the parties again, on their state
-        servers = [await start_party_server(st) for st in dep.settings]
-        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
-        try:
-            stubs = [PartyServiceStub(c) for c in channels]
+        async with _serving(dep) as stubs:  # the parties again, on their state
             await refused_everywhere(stubs, job(3, limited))
             unlimited = Consent("owner-a", "ds", "analyst", ana, Reveal.SELECTION
                                 ).sign(owner.key)
@@ -623,11 +626,6 @@ def test_a_consent_for_a_number_of_jobs_is_spent_at_every_party(tmp_path: Path) 
                 audit = [json.loads(x) for x in (st_dir / "audit.log").read_text().splitlines()]
                 j4 = [e for e in audit if e["event"] == "job.accepted" and e["job_id"] == "j4"]
                 assert [e["consents_spent"] for e in j4] == [[]]
-        finally:
-            for c in channels:
-                await c.close()
-            for srv in servers:
-                await srv.stop(0)
 
     asyncio.run(scenario())
 
