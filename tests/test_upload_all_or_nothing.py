@@ -203,8 +203,8 @@ def test_lost_upload_is_named_refused_and_repaired(
 def test_upgraded_registry_learns_the_signed_order_from_the_parties(stack: Stack) -> None:
     """A registry made before it kept each upload's owner-signed time (its uploads
     listed by id here, the other way round from their signed order): the gateway learns
-    the times from the parties before the job, pins the uploads in the order every party
-    requires, and the job sees the rows in that order."""
+    the times from the parties before the job, once all three state them alike, pins the
+    uploads in the order every party requires, and the job sees the rows in that order."""
     s = stack
     t = make_table(20, 3, seed=8)
     a, admin = s.client("owner-a"), s.client("admin")
@@ -227,5 +227,12 @@ def test_upgraded_registry_learns_the_signed_order_from_the_parties(stack: Stack
     finally:
         db.close()
     assert a.get_dataset(ds)["upload_ids"] == ["up-a", "up-z"]
+    # with Carol down, two parties' word is not enough: nothing is learnt
+    port = stop_party(s, 2)
+    with pytest.raises(ApiError):
+        s.client("analyst-1").submit(s.keys["analyst-1"], [ds], label="label", k=1,
+                                     security="passive-3pc", engine="mpyc")
+    assert a.get_dataset(ds)["upload_ids"] == ["up-a", "up-z"]
+    start_party(s, 2, port)
     run_job(s, ds, t, 20)
     assert a.get_dataset(ds)["upload_ids"] == ["up-z", "up-a"]

@@ -375,10 +375,11 @@ class UploadKeeper:
 
     async def learn_signed_times(self, dataset_ids: list[str]) -> None:
         """Uploads recorded before the registry kept their owner-signed times: learn each
-        one's from the parties' listings (the time in the manifest each party verified),
-        where every party that answers and holds it states the same, so that jobs list
-        a data set's uploads in the order every party requires. Nothing to do (and no
-        call) for uploads recorded since."""
+        one's from the parties' listings (the time in the manifest each party verified)
+        once every party states the same, so that jobs list a data set's uploads in the
+        order every party requires (until then, by id; a party that cannot be reached or
+        disagrees leaves it to a later job). Nothing to do (and no call) for uploads
+        recorded since."""
         for dataset_id in dataset_ids:
             unknown = self.registry.uploads_without_signed_time(dataset_id)
             if not unknown:
@@ -388,14 +389,15 @@ class UploadKeeper:
                   for c in self.parties.clients),
                 return_exceptions=True,
             )
-            stated: dict[str, set[str]] = {}
+            stated: dict[str, list[str]] = {}
             for ans in answers:
                 if isinstance(ans, pb.ListUploadsResponse):
                     for u in ans.uploads:
                         if u.upload_id in unknown:
-                            stated.setdefault(u.upload_id, set()).add(u.signed_at)
+                            stated.setdefault(u.upload_id, []).append(u.signed_at)
             for upload_id, times in stated.items():
-                if len(times) == 1 and (signed_at := times.pop()):
+                if len(times) == len(answers) and len(set(times)) == 1 and (
+                        signed_at := times[0]):
                     self.registry.set_signed_at(upload_id, signed_at)
                     log.info("[Gateway.Uploads] upload=%s signed time learnt from the parties",
                              upload_id)
