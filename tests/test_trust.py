@@ -14,6 +14,7 @@ that rewrites what it relays.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import copy
@@ -37,7 +38,16 @@ import uvicorn
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, SealedBox
 from nacl.signing import SigningKey
+from party_harness import (
+    Deployment,
+    data_upload,
+    describe_job,
+    mask_upload,
+    start_requests,
+    upload_messages,
+)
 from ppfs_cli.main import main
+from ppfs_party.server import start_party_server
 from service_fakes import RealCluster, Stack, horizontal_setup, make_stack, wait_final
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -45,7 +55,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ppfs import oracle
-from ppfs.contract import Consent, Reveal
+from ppfs.contract import Consent, JobContract, JobRequest, Reveal, SignedConsent
+from ppfs.fixedpoint import FixedPoint
 from ppfs.keycert import (
     KeyStatement,
     TrustAnchor,
@@ -55,7 +66,10 @@ from ppfs.keycert import (
     verify_party_keys,
 )
 from ppfs.pki import CertificateAuthority
+from ppfs.scoring import Scorer
 from ppfs.synthetic import make_table
+from ppfs.v1 import party_pb2
+from ppfs.v1.party_pb2_grpc import PartyServiceStub
 
 Rewrite = Callable[[str, str, Any], Any]  # (method, path, JSON) -> JSON
 
@@ -367,10 +381,6 @@ def test_job_without_the_owners_consent_is_refused_by_every_party(tmp_path: Path
 async def _serving(dep: Any) -> AsyncIterator[list[Any]]:
     """The deployment's party daemons served locally (on their state as it is) and the
     gateway's identity on them: their stubs."""
-    from ppfs_party.server import start_party_server
-
-    from ppfs.v1.party_pb2_grpc import PartyServiceStub
-
     servers = [await start_party_server(st) for st in dep.settings]
     channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
     try:
@@ -387,11 +397,6 @@ async def _gateway_on_three_mpyc_parties(tmp_path: Path) -> AsyncIterator[tuple[
     """Three MPyC parties served locally and the gateway's identity on them: (deployment,
     stubs, the parties' box keys, owners owner-a, analyst and gateway-admin, owner-a's
     upload u1 of data set ds, not yet sent)."""
-    from party_harness import Deployment, data_upload
-
-    from ppfs.fixedpoint import FixedPoint
-    from ppfs.v1 import party_pb2
-
     dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
     async with _serving(dep) as stubs:
         box = [(await st.GetIdentity(party_pb2.GetIdentityRequest())).box_public_key
@@ -412,17 +417,6 @@ def test_turned_gateway_cannot_start_jobs_the_owner_did_not_consent_to(tmp_path:
     gateway skips its own checks): no consent, a consent for another recipient key, a
     consent not signed by the owner, masks made for another key, a consent that has
     expired: each refused by every party with kind REFUSED in its audit log."""
-    import asyncio
-
-    from party_harness import (
-        describe_job,
-        mask_upload,
-        start_requests,
-        upload_messages,
-    )
-
-    from ppfs.v1 import party_pb2
-
     async def scenario() -> None:
         async with _gateway_on_three_mpyc_parties(tmp_path) as (dep, stubs, box, owner, rec,
                                                                  gw, data):
@@ -497,19 +491,6 @@ def test_turned_gateway_cannot_change_what_the_recipient_asked_for(tmp_path: Pat
     active 3PC asked for, MPyC in passive 3PC sent (a downgrade); another k; another
     scorer; the request signed by the gateway's own key; no request at all. Each refused
     by every party, naming what differs; the job as asked is accepted."""
-    import asyncio
-
-    from party_harness import (
-        describe_job,
-        mask_upload,
-        start_requests,
-        upload_messages,
-    )
-
-    from ppfs.contract import Consent, JobContract, JobRequest, Reveal
-    from ppfs.scoring import Scorer
-    from ppfs.v1 import party_pb2
-
     async def scenario() -> None:
         async with _gateway_on_three_mpyc_parties(tmp_path) as (dep, stubs, box, owner, rec,
                                                                  gw, data):
@@ -566,13 +547,6 @@ def test_a_consent_for_a_number_of_jobs_is_spent_at_every_party(tmp_path: Path) 
     identity on the parties): every party accepts two jobs under it, refuses a third,
     and still refuses it after a restart (the uses are kept with the jobs that spent
     them). Beside a consent without a limit, the limited one is not spent."""
-    import asyncio
-
-    from party_harness import describe_job, mask_upload, start_requests, upload_messages
-
-    from ppfs.contract import SignedConsent
-    from ppfs.v1 import party_pb2
-
     limited: list[SignedConsent] = []
 
     def refused_everywhere(stubs: list[Any], desc: Any) -> Any:
@@ -633,8 +607,6 @@ def test_a_consent_for_a_number_of_jobs_is_spent_at_every_party(tmp_path: Path) 
 def test_consent_command_stores_a_signed_consent_every_job_carries(
     stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from ppfs.contract import SignedConsent
-
     _, ids, _ = horizontal_setup(stack, m=20, p=4, seed=5)
     url = stack.gateway.url
     rc, out, _ = run(capsys, stack, url, "analyst-1", "keys", "show")
