@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -616,6 +618,38 @@ def test_compiled_once_per_protocol_and_shape(engine: MpSpdzEngine, cache_dir: P
     assert other[2] != first[2]
     assert cache_dir in first[0].parents
     assert not str(first[0]).startswith(str(mpspdz_home()))
+
+
+def _stated_bit_triples(tmp_path: Path, security: Security, shape: Step2AShape) -> int:
+    """The AND triples the compiled program states it needs (compile.py -v's count for
+    the main tape; 0 when it states none)."""
+    work = tmp_path / security.value
+    (work / "Programs" / "Source").mkdir(parents=True)
+    src = work / "Programs" / "Source" / f"{mpspdz.PROGRAM}.mpc"
+    src.write_bytes(mpspdz.program_source())
+    out = subprocess.run(
+        [sys.executable, str(mpspdz_home() / "compile.py"), "-v", "-E",
+         mpspdz.PROTOCOLS[security].compile_flag, *mpspdz.COMPILE_FLAGS,
+         str(src.relative_to(work)), *compile_args(shape, security)],
+        cwd=work, env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True,
+        text=True, check=True,
+    ).stdout
+    main_tape = [ln for ln in out.splitlines() if ln.startswith("Tape requires")
+                 and "integer inputs from player" in ln][-1]
+    found = re.search(r"(\d+) bit triples", main_tape)
+    return int(found.group(1)) if found else 0
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_active_3pc_states_its_and_triples_as_unknown(tmp_path: Path) -> None:
+    """Stated exactly, MP-SPDZ makes all of active 3PC's AND triples in one batch at the
+    first AND (some 1.2 GB per party for SPEED's shape with training); stated beyond
+    what it counts (2^64), it makes them in batches of the party's -b. The settings
+    without AND triples state what they need."""
+    shape = Step2AShape(20, 3, 2, 1)
+    assert _stated_bit_triples(tmp_path, Security.ACTIVE_3PC, shape) >= 2**64
+    assert _stated_bit_triples(tmp_path, Security.PASSIVE_3PC, shape) < 2**32
 
 
 def test_program_hash_ignores_what_varies_between_identical_compilations(tmp_path: Path) -> None:
