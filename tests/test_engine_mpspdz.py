@@ -12,7 +12,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -628,9 +627,8 @@ def _stated_bit_triples(tmp_path: Path, security: Security, shape: Step2AShape) 
     src = work / "Programs" / "Source" / f"{mpspdz.PROGRAM}.mpc"
     src.write_bytes(mpspdz.program_source())
     out = subprocess.run(
-        [sys.executable, str(mpspdz_home() / "compile.py"), "-v", "-E",
-         mpspdz.PROTOCOLS[security].compile_flag, *mpspdz.COMPILE_FLAGS,
-         str(src.relative_to(work)), *compile_args(shape, security)],
+        mpspdz.compile_command(mpspdz_home(), src.relative_to(work), shape, security,
+                               verbose=True),
         cwd=work, env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True,
         text=True, check=True,
     ).stdout

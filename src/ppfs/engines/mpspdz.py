@@ -200,6 +200,15 @@ def program_name(shape: Step2AShape, security: Security) -> str:
     return "-".join([PROGRAM, *compile_args(shape, security)])
 
 
+def compile_command(home: Path, source: Path, shape: Step2AShape, security: Security,
+                    *, verbose: bool = False) -> list[str]:
+    """compile.py's argv for the program at ``source`` (relative to the directory it
+    runs in); ``verbose`` adds the compiler's report (-v) of what each tape needs."""
+    return [sys.executable, str(home / "compile.py"), *(["-v"] if verbose else []),
+            "-E", PROTOCOLS[security].compile_flag, *COMPILE_FLAGS, str(source),
+            *compile_args(shape, security)]
+
+
 def matrix_shapes(shape: Step2AShape) -> dict[str, tuple[int, int]]:
     return {
         "data": (shape.m, shape.p),
@@ -536,8 +545,7 @@ class MpSpdzEngine:
         log = _Capture(tmp / "compile.log")
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, str(self.home / "compile.py"), "-E", protocol.compile_flag,
-                *COMPILE_FLAGS, str(src.relative_to(tmp)), *args,
+                *compile_command(self.home, src.relative_to(tmp), shape, security),
                 cwd=tmp, stdin=asyncio.subprocess.DEVNULL,
                 # a fixed hash seed: the compiler iterates over sets, and every party
                 # must produce the same program from the same description
@@ -1054,6 +1062,7 @@ __all__ = [
     "PROTOCOLS",
     "MpSpdzEngine",
     "compile_args",
+    "compile_command",
     "default_cache_dir",
     "program_name",
     "subject_hash",
