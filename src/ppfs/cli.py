@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ppfs.engines.base import Engine
+from ppfs.engines.base import Engine, ProgressNote
 from ppfs.engines.mpspdz_release import (
     DEFAULT_VERSION,
     ReleaseError,
@@ -392,6 +392,8 @@ class _ProgressDisplay:
 
     def __call__(self, phase: str) -> None:
         if self._status is not None:
+            if isinstance(phase, ProgressNote):
+                phase = f"{phase} ({phase.fraction:.0%} of the secure computation)"
             self._status.update(f"[{time.monotonic() - self._t0:6.1f}s] {phase}")
 
     def __exit__(self, *exc: object) -> None:

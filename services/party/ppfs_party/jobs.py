@@ -75,7 +75,7 @@ from ppfs.contract import (
 )
 from ppfs.contract import seal_result as seal_result_part
 from ppfs.durable import write_durable
-from ppfs.engines.base import Engine, PartyRunResult, PartyRunSpec, PartyTls
+from ppfs.engines.base import Engine, PartyRunResult, PartyRunSpec, PartyTls, ProgressNote
 from ppfs.errors import EngineUnavailableError, ParameterError, PpfsError
 from ppfs.step2a import Security, Step2AShape
 from ppfs.v1 import party_pb2
@@ -107,6 +107,7 @@ _PROGRESS = (
     ("class counts", 0.6), ("long division", 0.65), ("ranking", 0.8), ("selection", 0.9),
     ("opening", 0.95), ("done", 1.0),
 )
+_RUN_START = 0.1  # "running": where the secure computation's own progress starts
 
 
 @dataclass
@@ -448,9 +449,13 @@ class JobRunner:
     def _phase(rec: JobRecord, message: str) -> dict[str, object]:
         text = message.removeprefix("mpyc: ")
         frac = rec.progress
-        for needle, value in _PROGRESS:
-            if needle in text:
-                frac = max(frac, value)
+        if isinstance(message, ProgressNote):
+            # the engine says how far its run is: that run spans 10 % to 99 % here
+            frac = max(frac, _RUN_START + (0.99 - _RUN_START) * message.fraction)
+        else:
+            for needle, value in _PROGRESS:
+                if needle in text:
+                    frac = max(frac, value)
         return {"phase": text[:80], "progress": min(frac, 0.99)}
 
     def _remove_inputs(self, job_id: str) -> None:

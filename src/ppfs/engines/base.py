@@ -30,6 +30,21 @@ PARTY_NAMES = ("Alice", "Bob", "Carol", "Dave")
 INPUT_FILES = ("data.shr", "labels.shr", "mask.shr")
 
 Progress = Callable[[str], None]
+
+
+class ProgressNote(str):
+    """A progress message that also says how far the secure computation is.
+
+    A ``str``, so every :data:`Progress` consumer takes it as it takes any message;
+    one that shows a percentage reads ``fraction`` (0 to 1, of the secure computation
+    alone: launching the parties to the last one's exit)."""
+
+    fraction: float
+
+    def __new__(cls, text: str, fraction: float) -> ProgressNote:
+        note = super().__new__(cls, text)
+        note.fraction = min(1.0, max(0.0, fraction))
+        return note
 Address = tuple[str, int]
 # (party, every party's MPC address) -> the addresses that party dials (own one unchanged);
 # an engine's ``peer_view`` option, for embedded runs (e.g. through delaying relays)

@@ -56,7 +56,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -77,6 +77,7 @@ from ppfs.engines.base import (
     PartyTls,
     PeerView,
     Progress,
+    ProgressNote,
     Step2AInputs,
 )
 from ppfs.engines.mpspdz_check import (
@@ -119,6 +120,8 @@ OPENING_MARKER = b"PPFS-INPUTS-VERIFIED"
 # Step 2B's range checks (ppfs.step2b): the program prints one of these and stops
 RANGE_MARKERS = {b"PPFS-RANGE-RATIO": "ratio", b"PPFS-RANGE-WEIGHTS": "weights"}
 LOG_CAP = 256 * 1024  # bytes of each party's stdout/stderr kept on disk
+# the program's progress lines: PPFS-PROGRESS <stage> <done> <total> (ProgressPlan)
+PROGRESS_PREFIX = b"PPFS-PROGRESS "
 DEFAULT_TIMEOUT = 4 * 3600.0
 GRACE_SECONDS = 3.0  # how long the others may take to stop on their own after a failure
 
@@ -417,12 +420,36 @@ def _compiler_fingerprint(home: Path) -> str:
 
 
 class _Capture:
-    """Drain a pipe into a file, keeping at most ``cap`` bytes."""
+    """Drain a pipe into a file, keeping at most ``cap`` bytes.
 
-    def __init__(self, path: Path, cap: int = LOG_CAP) -> None:
+    With ``on_progress``, the program's progress lines are handed to it as they come
+    and not kept (however many there are, they never crowd out what the cap keeps)."""
+
+    def __init__(
+        self, path: Path, cap: int = LOG_CAP,
+        on_progress: Callable[[bytes], None] | None = None,
+    ) -> None:
         self.path = path
         self.cap = cap
         self.kept = bytearray()
+        self.on_progress = on_progress
+        self._partial = b""
+
+    def _keep(self, data: bytes) -> None:
+        room = self.cap - len(self.kept)
+        if room > 0:
+            self.kept += data[:room]
+
+    def _take(self, chunk: bytes) -> None:
+        if self.on_progress is None:
+            self._keep(chunk)
+            return
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for line in lines:
+            if line.startswith(PROGRESS_PREFIX):
+                self.on_progress(line)
+            else:
+                self._keep(line + b"\n")
 
     async def drain(self, stream: asyncio.StreamReader | None) -> None:
         if stream is None:
@@ -431,10 +458,132 @@ class _Capture:
             chunk = await stream.read(65536)
             if not chunk:
                 break
-            room = self.cap - len(self.kept)
-            if room > 0:
-                self.kept += chunk[:room]
+            self._take(chunk)
+        if self._partial:
+            self._keep(self._partial)
+            self._partial = b""
         self.path.write_bytes(bytes(self.kept))
+
+
+# The program's stages in the order it runs them (step2a.mpc, progress()), as a user
+# reads them, and what a stage's counter counts when it has one.
+STAGES: dict[str, tuple[str, str]] = {
+    "inputs": ("reading and checking the inputs", ""),
+    "thresholds": ("mean-split thresholds", ""),
+    "comparisons": ("mean-split comparisons", "rows"),
+    "scores": ("class counts and scores", ""),
+    "ranking": ("ranking the features", ""),
+    "selection": ("building D'", "rows"),
+    "training": ("training", "SGD steps"),
+    "opening": ("opening the masked result", ""),
+}
+
+
+@dataclass(frozen=True)
+class ProgressPlan:
+    """Turns the program's progress lines into how far the secure computation is.
+
+    Each stage gets the share of the run its work takes (``stage_weights``: a cost model
+    of the shape, measured per setting), so the fraction grows roughly with time."""
+
+    spans: dict[str, tuple[float, float]]
+
+    @classmethod
+    def for_shape(cls, shape: Step2AShape, security: Security) -> ProgressPlan:
+        weights = stage_weights(shape, security)
+        total = sum(weights.values())
+        spans: dict[str, tuple[float, float]] = {}
+        at = weights.get("start", 0.0) / total
+        for stage in STAGES:
+            share = weights.get(stage, 0.0) / total
+            spans[stage] = (at, at + share)
+            at += share
+        return cls(spans)
+
+    def note(self, line: bytes) -> ProgressNote | None:
+        """The note for one line, or None for a line that is not a well-formed one."""
+        fields = line.removeprefix(PROGRESS_PREFIX).split()
+        if len(fields) != 3 or not fields[1].isdigit() or not fields[2].isdigit():
+            return None
+        stage = fields[0].decode("ascii", "replace")
+        done, total = int(fields[1]), int(fields[2])
+        if stage not in self.spans or total < 1 or done > total:
+            return None
+        start, end = self.spans[stage]
+        text, unit = STAGES[stage]
+        if unit and total > 1:
+            text += f", {done:,} of {total:,} {unit}"
+        return ProgressNote(f"secure computation: {text}", start + (end - start) * done / total)
+
+
+def _progress_lines(
+    plan: ProgressPlan, progress: Progress | None
+) -> Callable[[bytes], None] | None:
+    """What hands the program's progress lines to ``progress`` as notes."""
+    if progress is None:
+        return None
+    report = progress
+
+    def take(line: bytes) -> None:
+        note = plan.note(line)
+        if note is not None:
+            report(note)
+
+    return take
+
+
+# Seconds per unit of each stage's work, by setting: (constant, per m*p value, per p^2
+# pair, per m*p*k product, per m*k output, per m*k*epoch), fitted to the stages' times
+# of CogLoad-, LSVT- and SPEED-shaped runs on one 2-core machine (only their ratios
+# matter here). "start": launching, connecting and the session check, before the
+# program's first progress line.
+_STAGE_COSTS: dict[Security, dict[str, tuple[float, float, float, float, float, float]]] = {
+    Security.PASSIVE_3PC: {
+        "start": (0.10, 0.05e-6, 0, 0, 0, 0),
+        "inputs": (0, 0.09e-6, 0, 0, 0, 0),
+        "thresholds": (0.02, 0.03e-6, 0, 0, 0, 0),
+        "comparisons": (0, 0.27e-6, 0, 0, 0, 0),
+        "scores": (0.03, 0, 0, 0, 0, 0),
+        "ranking": (0.005, 0, 0.3e-6, 0, 0, 0),
+        "selection": (0, 0, 0, 2.8e-9, 0, 0),
+        "training": (0, 0, 0, 0, 0, 0.95e-6),
+        "opening": (0.03, 0, 0, 0, 0.2e-6, 0),
+    },
+    Security.ACTIVE_3PC: {
+        "start": (0.16, 0.48e-6, 0, 0, 0, 0),
+        "inputs": (0, 0.67e-6, 0, 0, 0, 0),
+        "thresholds": (0.05, 0.5e-6, 0, 0, 0, 0),
+        "comparisons": (0, 2.7e-6, 0, 0, 0, 0),
+        "scores": (0.05, 0, 0, 0, 0, 0),
+        "ranking": (0.005, 0, 3e-6, 0, 0, 0),
+        "selection": (0, 0, 0, 19e-9, 0, 0),
+        "training": (0, 0, 0, 0, 0, 5.9e-6),
+        "opening": (0.06, 0, 0, 0, 0.5e-6, 0),
+    },
+    Security.ACTIVE_4PC: {
+        "start": (0.17, 0.1e-6, 0, 0, 0, 0),
+        "inputs": (0, 0.97e-6, 0, 0, 0, 0),
+        "thresholds": (0.1, 0.33e-6, 0, 0, 0, 0),
+        "comparisons": (0, 1.4e-6, 0, 0, 0, 0),
+        "scores": (0.07, 0, 0, 0, 0, 0),
+        "ranking": (0.005, 0, 1.8e-6, 0, 0, 0),
+        "selection": (0, 0, 0, 18e-9, 0, 0),
+        "training": (0, 0, 0, 0, 0, 2.6e-6),
+        "opening": (0.05, 0, 0, 0, 0.5e-6, 0),
+    },
+}
+
+
+def stage_weights(shape: Step2AShape, security: Security) -> dict[str, float]:
+    """Each stage's estimated seconds (``_STAGE_COSTS``) for this shape; "start" is the
+    time before the program's first progress line, "training" only with Step 2B."""
+    m, p, k = shape.m, shape.p, shape.k
+    epochs = shape.train.epochs if shape.train is not None else 0
+    units = (1, m * p, p * p, m * p * k, m * k, m * k * epochs)
+    costs = _STAGE_COSTS.get(security, _STAGE_COSTS[Security.ACTIVE_3PC])
+    return {stage: sum(c * u for c, u in zip(cost, units, strict=True))
+            for stage, cost in costs.items()
+            if stage != "training" or shape.train is not None}
 
 
 @dataclass
@@ -701,7 +850,8 @@ class MpSpdzEngine:
                 )
             t0 = time.perf_counter()
             setup_seconds = t0 - t_setup
-            parties = await self._launch(specs, name)
+            parties = await self._launch(specs, name, _progress_lines(
+                ProgressPlan.for_shape(shape, security), progress))
             if progress:
                 progress("running the secure computation")
             await self._supervise(parties)
@@ -733,17 +883,25 @@ class MpSpdzEngine:
             rounds=max(s.rounds for s in stats),
         )
 
-    async def _launch(self, specs: Sequence[PartyRunSpec], name: str) -> list[_Party]:
+    async def _launch(
+        self, specs: Sequence[PartyRunSpec], name: str,
+        on_progress: Callable[[bytes], None] | None = None,
+    ) -> list[_Party]:
+        """Launch every party; ``on_progress`` takes party 0's progress lines."""
         parties: list[_Party] = []
         try:
             for spec in specs:
-                parties.append(await self._launch_party(spec, name))
+                parties.append(await self._launch_party(
+                    spec, name, on_progress if spec.party == 0 else None))
         except BaseException:
             await _stop_all(parties)
             raise
         return parties
 
-    async def _launch_party(self, spec: PartyRunSpec, name: str) -> _Party:
+    async def _launch_party(
+        self, spec: PartyRunSpec, name: str,
+        on_progress: Callable[[bytes], None] | None = None,
+    ) -> _Party:
         binary = str(self._binary(spec.security))
         env = party_env(self.home)
         d = spec.workdir
@@ -752,14 +910,16 @@ class MpSpdzEngine:
         # launcher reports its peak memory when it ends
         proc = await asyncio.create_subprocess_exec(
             *pdeathsig.command(), "--peak-rss", str(peak_file),
-            binary, "-p", str(spec.party), "--ip-file-name", "HOSTS", "-v",
+            # -OF .: every party prints what the program prints (its progress and its
+            # markers), not party 0 alone
+            binary, "-p", str(spec.party), "--ip-file-name", "HOSTS", "-v", "-OF", ".",
             "-o", "no_memory_output", *preprocessing_batch(spec.shape, spec.security),
             *(["-m", "old"] if spec.security in MEMORY_INPUT else []), name,
             cwd=d, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
-        out = _Capture(d / "stdout.log")
+        out = _Capture(d / "stdout.log", on_progress=on_progress)
         err = _Capture(d / "stderr.log")
         drains = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
         return _Party(spec.party, proc, out, err, time.perf_counter(), drains, peak_file)
@@ -781,7 +941,8 @@ class MpSpdzEngine:
             if progress:
                 progress(f"starting MP-SPDZ party {spec.party} ({PROTOCOLS[security].binary})")
             t0 = time.perf_counter()
-            party = await self._launch_party(spec, name)
+            party = await self._launch_party(spec, name, _progress_lines(
+                ProgressPlan.for_shape(shape, security), progress))
             if progress:
                 progress("running the secure computation")
             await self._supervise([party], timeout)
