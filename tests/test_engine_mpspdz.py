@@ -7,6 +7,7 @@ installed at $MPSPDZ_HOME / /opt/mp-spdz.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import shutil
@@ -24,7 +25,7 @@ from ppfs.engines.base import Step2AInputs
 from ppfs.engines.mpspdz import MpSpdzEngine, compile_args, subject_hash, write_party_input
 from ppfs.engines.mpspdz_check import check_spdzwise
 from ppfs.engines.registry import mpspdz_home
-from ppfs.errors import EngineError, IntegrityError, ShareFormatError
+from ppfs.errors import EngineError, IntegrityError, SessionMismatchError, ShareFormatError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.local import prepare_inputs, run_select
 from ppfs.oracle import ms_gini_top_k
@@ -687,3 +688,29 @@ def test_inputs_over_several_chunks_active(engine: MpSpdzEngine, tmp_path: Path)
     bundle.save(path)
     with pytest.raises(IntegrityError):
         asyncio.run(engine.run_step2a(prep.inputs, tmp_path / "altered"))
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+@pytest.mark.parametrize("security", SETTINGS, ids=lambda s: s.value)
+def test_every_party_names_a_session_mismatch_itself(
+    security: Security, engine: MpSpdzEngine, tmp_path: Path
+) -> None:
+    # each party run as its daemon runs it (run_party), Carol in another job: every one
+    # of them reads the program's verdict in its own output (all parties print it) and
+    # stops with the session mismatch, none with a mere lost peer; no data was input
+    table = make_table(30, 4, seed=7)
+    prep = prepare_inputs(table, 2, security, tmp_path / "inputs")
+    dirs = [tmp_path / "run" / f"P{i}" for i in range(security.parties)]
+    specs = engine._embedded_specs(prep.inputs, dirs)
+    tags = [11] * security.parties
+    tags[2] = 12
+    specs = [dataclasses.replace(s, session_tag=t) for s, t in zip(specs, tags, strict=True)]
+
+    async def main() -> list[BaseException | object]:
+        return await asyncio.gather(*(engine.run_party(s) for s in specs),
+                                    return_exceptions=True)
+
+    got = asyncio.run(main())
+    assert all(isinstance(g, SessionMismatchError) for g in got), got
+    assert _engine_processes(tmp_path) == []
