@@ -8,7 +8,9 @@ is not installed at $MPSPDZ_HOME / /opt/mp-spdz.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from ppfs_party.jobs import JobRecord, JobRunner
@@ -147,6 +149,31 @@ def test_a_party_shows_the_engines_fraction_within_its_run() -> None:
     rec.progress = 0.1
     opening = JobRunner._phase(rec, ProgressNote("secure computation: opening", 0.2))
     assert opening["progress"] == pytest.approx(0.1 + 0.89 * 0.2)
+
+
+def test_progress_alone_is_not_written_to_disk(tmp_path: Path) -> None:
+    # a progress note changes the record its watchers see, not the one on disk (no
+    # fsync per note; a restarted party reports the job failed, whatever its progress)
+    settings = SimpleNamespace(state_dir=tmp_path, max_concurrent_jobs=1)
+    runner = JobRunner(settings, None, None, None, {})  # type: ignore[arg-type]
+    runner.open()
+    rec = JobRecord(job_id="j", description_hex="", description_sha256="", engine="mp-spdz",
+                    security="passive-3pc")
+    runner._records["j"] = rec
+    on_disk = tmp_path / "jobs" / "j.json"
+
+    async def main() -> None:
+        await runner._update(rec, state="running", phase="starting", progress=0.04)
+        before = on_disk.read_bytes()
+        await runner._update(rec, keep=False, **JobRunner._phase(
+            rec, ProgressNote("secure computation: building D'", 0.5)))
+        assert on_disk.read_bytes() == before
+        assert runner.get("j").phase == "secure computation: building D'"
+        assert runner._version["j"] == 2            # the watchers were woken both times
+        await runner._update(rec, state="succeeded", phase="done", progress=1.0)
+
+    asyncio.run(main())
+    assert json.loads(on_disk.read_text())["phase"] == "done"
 
 
 # ---------------------------------------------------------------- real MP-SPDZ parties

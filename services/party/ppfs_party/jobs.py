@@ -212,13 +212,17 @@ class JobRunner:
     def _cond(self, job_id: str) -> asyncio.Condition:
         return self._changed.setdefault(job_id, asyncio.Condition())
 
-    async def _update(self, rec: JobRecord, **changes: object) -> None:
+    async def _update(self, rec: JobRecord, *, keep: bool = True, **changes: object) -> None:
+        """Apply ``changes`` and wake the job's watchers; ``keep=False`` for a change of
+        phase and progress alone, which is not written to disk (a restarted party reports
+        the job failed whatever its progress was; the next kept change writes it all)."""
         old_state = rec.state
         for k, v in changes.items():
             setattr(rec, k, v)
         if self.metrics is not None:
             self.metrics.job_changed(rec, old_state)
-        await asyncio.to_thread(self._save, rec)
+        if keep:
+            await asyncio.to_thread(self._save, rec)
         cond = self._cond(rec.job_id)
         async with cond:
             self._version[rec.job_id] = self._version.get(rec.job_id, 0) + 1
@@ -398,7 +402,7 @@ class JobRunner:
                 while not run.done():
                     await asyncio.wait({run}, timeout=0.2)
                     if pending:
-                        await self._update(rec, **self._phase(rec, pending[-1]))
+                        await self._update(rec, keep=False, **self._phase(rec, pending[-1]))
                         pending.clear()
                 result = run.result()
                 await asyncio.to_thread(
