@@ -7,7 +7,6 @@ installed at $MPSPDZ_HOME / /opt/mp-spdz.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import re
 import shutil
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from party_runs import party_specs, run_every_party
 from procs import processes_in
 
 import ppfs.engines.mpspdz as mpspdz
@@ -701,16 +701,8 @@ def test_every_party_names_a_session_mismatch_itself(
     # stops with the session mismatch, none with a mere lost peer; no data was input
     table = make_table(30, 4, seed=7)
     prep = prepare_inputs(table, 2, security, tmp_path / "inputs")
-    dirs = [tmp_path / "run" / f"P{i}" for i in range(security.parties)]
-    specs = engine._embedded_specs(prep.inputs, dirs)
     tags = [11] * security.parties
     tags[2] = 12
-    specs = [dataclasses.replace(s, session_tag=t) for s, t in zip(specs, tags, strict=True)]
-
-    async def main() -> list[BaseException | object]:
-        return await asyncio.gather(*(engine.run_party(s) for s in specs),
-                                    return_exceptions=True)
-
-    got = asyncio.run(main())
+    got = run_every_party(engine, party_specs(engine, prep.inputs, tmp_path / "run", tags))
     assert all(isinstance(g, SessionMismatchError) for g in got), got
     assert _engine_processes(tmp_path) == []

@@ -13,9 +13,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from party_runs import party_specs, run_every_party
 from ppfs_party.jobs import JobRecord, JobRunner
 
-from ppfs.engines.base import ProgressNote
+from ppfs.engines.base import Progress, ProgressNote
 from ppfs.engines.mpspdz import (
     PROGRESS_PREFIX,
     STAGES,
@@ -191,21 +192,16 @@ def _run_every_party(engine: MpSpdzEngine, seed: int, security: Security,
     # 3 chunks of comparisons and of D' (2^17 // 200 = 655 rows a chunk)
     table = make_table(1500, 200, seed=seed)
     prep = prepare_inputs(table, 5, security, root / "inputs", train=train)
-    dirs = [root / "run" / f"P{i}" for i in range(security.parties)]
-    specs = engine._embedded_specs(prep.inputs, dirs)
-    notes: list[list[ProgressNote]] = [[] for _ in specs]
+    notes: list[list[ProgressNote]] = [[] for _ in range(security.parties)]
 
-    def recorder(i: int):  # type: ignore[no-untyped-def]
+    def recorder(i: int) -> Progress:
         def progress(message: str) -> None:
             if isinstance(message, ProgressNote):
                 notes[i].append(message)
         return progress
 
-    async def main() -> None:
-        await asyncio.gather(*(engine.run_party(s, recorder(i))
-                               for i, s in enumerate(specs)))
-
-    asyncio.run(main())
+    got = run_every_party(engine, party_specs(engine, prep.inputs, root / "run"), recorder)
+    assert not [g for g in got if isinstance(g, BaseException)], got
     return notes
 
 

@@ -32,6 +32,7 @@ from party_harness import (
     upload_messages,
     watch_to_end,
 )
+from party_runs import party_specs, run_every_party
 from ppfs_party import state as party_state
 from ppfs_party.server import start_party_server
 from procs import processes_in
@@ -465,18 +466,11 @@ def test_mpyc_session_tag_mismatch_stops_before_data(tmp_path: Path) -> None:
     security = Security.PASSIVE_3PC
     prep = prepare_inputs(table, 1, security, tmp_path / "inputs")
     engine = MpycEngine(start_timeout=30)
-    dirs = [tmp_path / "run" / f"P{i}" for i in range(3)]
-    specs = engine._embedded_specs(prep.inputs, dirs)
-    tags = [11, 11, 12]  # Carol runs another job
-    specs = [dataclasses.replace(s, session_tag=t) for s, t in zip(specs, tags, strict=True)]
-
-    async def main() -> list[BaseException | Any]:
-        return await asyncio.gather(*(engine.run_party(s) for s in specs),
-                                    return_exceptions=True)
-
-    got = asyncio.run(main())
+    # Carol runs another job
+    specs = party_specs(engine, prep.inputs, tmp_path / "run", tags=[11, 11, 12])
+    got = run_every_party(engine, specs)
     assert all(isinstance(g, SessionMismatchError) for g in got), got
-    for d in dirs:
+    for d in (s.workdir for s in specs):
         phases = (d / "status.txt").read_text()
         assert "checking the session" in phases and "loading shares" not in phases
         assert not (d / "opened.u64").exists()

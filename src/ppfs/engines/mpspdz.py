@@ -532,58 +532,39 @@ def _progress_lines(
     return take
 
 
-# Seconds per unit of each stage's work, by setting: (constant, per m*p value, per p^2
-# pair, per m*p*k product, per m*k output, per m*k*epoch), fitted to the stages' times
-# of CogLoad-, LSVT- and SPEED-shaped runs on one 2-core machine (only their ratios
-# matter here). "start": launching, connecting and the session check, before the
-# program's first progress line.
-_STAGE_COSTS: dict[Security, dict[str, tuple[float, float, float, float, float, float]]] = {
-    Security.PASSIVE_3PC: {
-        "start": (0.10, 0.05e-6, 0, 0, 0, 0),
-        "inputs": (0, 0.09e-6, 0, 0, 0, 0),
-        "thresholds": (0.02, 0.03e-6, 0, 0, 0, 0),
-        "comparisons": (0, 0.27e-6, 0, 0, 0, 0),
-        "scores": (0.03, 0, 0, 0, 0, 0),
-        "ranking": (0.005, 0, 0.3e-6, 0, 0, 0),
-        "selection": (0, 0, 0, 2.8e-9, 0, 0),
-        "training": (0, 0, 0, 0, 0, 0.95e-6),
-        "opening": (0.03, 0, 0, 0, 0.2e-6, 0),
-    },
-    Security.ACTIVE_3PC: {
-        "start": (0.16, 0.48e-6, 0, 0, 0, 0),
-        "inputs": (0, 0.67e-6, 0, 0, 0, 0),
-        "thresholds": (0.05, 0.5e-6, 0, 0, 0, 0),
-        "comparisons": (0, 2.7e-6, 0, 0, 0, 0),
-        "scores": (0.05, 0, 0, 0, 0, 0),
-        "ranking": (0.005, 0, 3e-6, 0, 0, 0),
-        "selection": (0, 0, 0, 19e-9, 0, 0),
-        "training": (0, 0, 0, 0, 0, 5.9e-6),
-        "opening": (0.06, 0, 0, 0, 0.5e-6, 0),
-    },
-    Security.ACTIVE_4PC: {
-        "start": (0.17, 0.1e-6, 0, 0, 0, 0),
-        "inputs": (0, 0.97e-6, 0, 0, 0, 0),
-        "thresholds": (0.1, 0.33e-6, 0, 0, 0, 0),
-        "comparisons": (0, 1.4e-6, 0, 0, 0, 0),
-        "scores": (0.07, 0, 0, 0, 0, 0),
-        "ranking": (0.005, 0, 1.8e-6, 0, 0, 0),
-        "selection": (0, 0, 0, 18e-9, 0, 0),
-        "training": (0, 0, 0, 0, 0, 2.6e-6),
-        "opening": (0.05, 0, 0, 0, 0.5e-6, 0),
-    },
+# Each stage's cost: what it grows with, and (constant seconds, seconds per unit) in
+# passive 3PC, active 3PC and active 4PC, fitted to the stages' times of CogLoad-, LSVT-
+# and SPEED-shaped runs on one 2-core machine (only their ratios matter here). "start":
+# launching, connecting and the session check, before the program's first line.
+_STAGE_COSTS: dict[str, tuple[str, tuple[tuple[float, float], ...]]] = {
+    "start": ("m*p", ((0.10, 0.05e-6), (0.16, 0.48e-6), (0.17, 0.1e-6))),
+    "inputs": ("m*p", ((0, 0.09e-6), (0, 0.67e-6), (0, 0.97e-6))),
+    "thresholds": ("m*p", ((0.02, 0.03e-6), (0.05, 0.5e-6), (0.1, 0.33e-6))),
+    "comparisons": ("m*p", ((0, 0.27e-6), (0, 2.7e-6), (0, 1.4e-6))),
+    "scores": ("p", ((0.03, 0), (0.05, 0), (0.07, 0))),
+    "ranking": ("p*p", ((0.005, 0.3e-6), (0.005, 3e-6), (0.005, 1.8e-6))),
+    "selection": ("m*p*k", ((0, 2.8e-9), (0, 19e-9), (0, 18e-9))),
+    "training": ("m*k*epochs", ((0, 0.95e-6), (0, 5.9e-6), (0, 2.6e-6))),
+    "opening": ("m*k", ((0.03, 0.2e-6), (0.06, 0.5e-6), (0.05, 0.5e-6))),
 }
+_COST_COLUMN = {Security.PASSIVE_3PC: 0, Security.ACTIVE_3PC: 1, Security.ACTIVE_4PC: 2}
 
 
 def stage_weights(shape: Step2AShape, security: Security) -> dict[str, float]:
-    """Each stage's estimated seconds (``_STAGE_COSTS``) for this shape; "start" is the
-    time before the program's first progress line, "training" only with Step 2B."""
+    """Each stage's estimated seconds (``_STAGE_COSTS``) for this shape; "training" only
+    with Step 2B."""
     m, p, k = shape.m, shape.p, shape.k
     epochs = shape.train.epochs if shape.train is not None else 0
-    units = (1, m * p, p * p, m * p * k, m * k, m * k * epochs)
-    costs = _STAGE_COSTS.get(security, _STAGE_COSTS[Security.ACTIVE_3PC])
-    return {stage: sum(c * u for c, u in zip(cost, units, strict=True))
-            for stage, cost in costs.items()
-            if stage != "training" or shape.train is not None}
+    units = {"p": p, "p*p": p * p, "m*p": m * p, "m*p*k": m * p * k, "m*k": m * k,
+             "m*k*epochs": m * k * epochs}
+    column = _COST_COLUMN.get(security, 1)
+    weights = {}
+    for stage, (unit, costs) in _STAGE_COSTS.items():
+        constant, per_unit = costs[column]
+        weights[stage] = constant + per_unit * units[unit]
+    if shape.train is None:
+        del weights["training"]
+    return weights
 
 
 @dataclass
