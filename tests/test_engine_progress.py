@@ -78,12 +78,12 @@ def test_notes_grow_as_the_program_goes_and_name_the_stage() -> None:
     assert fractions == sorted(fractions)
     assert fractions[0] > 0 and fractions[-1] < 1
     mid = plan.note(_line("comparisons", 4296, 8378))
-    assert mid == "secure computation: mean-split comparisons, 4,296 of 8,378 rows"
-    assert plan.note(_line("opening")) == "secure computation: opening the masked result"
+    assert mid == "mean-split comparisons, 4,296 of 8,378 rows"
+    assert plan.note(_line("opening")) == "opening the masked result"
     steps = plan.note(_line("training", 100, 264))
     assert steps is not None and steps.endswith("100 of 264 SGD steps")
     # a note is a message like any other for a consumer that shows text only
-    assert steps.startswith("secure computation: training")
+    assert steps.startswith("training")
 
 
 @pytest.mark.parametrize("line", [
@@ -139,8 +139,8 @@ def test_capture_without_a_reader_keeps_everything_up_to_its_cap(tmp_path: Path)
 def test_a_party_shows_the_engines_fraction_within_its_run() -> None:
     rec = JobRecord(job_id="j", description_hex="", description_sha256="", engine="mp-spdz",
                     security="passive-3pc", progress=0.1)
-    half = JobRunner._phase(rec, ProgressNote("secure computation: building D'", 0.5))
-    assert half["phase"] == "secure computation: building D'"
+    half = JobRunner._phase(rec, ProgressNote("building D'", 0.5))
+    assert half["phase"] == "building D'"
     assert half["progress"] == pytest.approx(0.1 + 0.89 * 0.5)
     # never backwards, never 100 % before the result is stored
     rec.progress = 0.9
@@ -148,7 +148,7 @@ def test_a_party_shows_the_engines_fraction_within_its_run() -> None:
     assert JobRunner._phase(rec, ProgressNote("x", 1.0))["progress"] == pytest.approx(0.99)
     # a note's text does not pull the bar to a stage needle's value: only its fraction
     rec.progress = 0.1
-    opening = JobRunner._phase(rec, ProgressNote("secure computation: opening", 0.2))
+    opening = JobRunner._phase(rec, ProgressNote("opening", 0.2))
     assert opening["progress"] == pytest.approx(0.1 + 0.89 * 0.2)
 
 
@@ -167,9 +167,9 @@ def test_progress_alone_is_not_written_to_disk(tmp_path: Path) -> None:
         await runner._update(rec, state="running", phase="starting", progress=0.04)
         before = on_disk.read_bytes()
         await runner._update(rec, keep=False, **JobRunner._phase(
-            rec, ProgressNote("secure computation: building D'", 0.5)))
+            rec, ProgressNote("building D'", 0.5)))
         assert on_disk.read_bytes() == before
-        assert runner.get("j").phase == "secure computation: building D'"
+        assert runner.get("j").phase == "building D'"
         assert runner._version["j"] == 2            # the watchers were woken both times
         await runner._update(rec, state="succeeded", phase="done", progress=1.0)
 
@@ -217,7 +217,7 @@ def test_every_party_reports_every_stage_in_order(
     notes = _run_every_party(engine, 1, security, train, tmp_path)
     expected = [s for s in STAGES if s != "training" or train is not None]
     for party in notes:
-        stages = [n.removeprefix("secure computation: ").split(",")[0] for n in party]
+        stages = [n.removeprefix("").split(",")[0] for n in party]
         order = list(dict.fromkeys(stages))
         assert order == [STAGES[s][0] for s in expected]
         fractions = [n.fraction for n in party]

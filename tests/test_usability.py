@@ -223,3 +223,32 @@ def test_watch_view_is_live_on_a_terminal() -> None:
     assert not JobProgressView(terminal=io.StringIO()).live
 
 
+def test_live_view_cuts_a_long_phase_not_the_bar_or_the_times() -> None:
+    import io
+    import re
+
+    from ppfs_client.progress import JobProgressView
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    phase = "training, 1,200 of 1,875 SGD steps, and then some more words besides"
+
+    def events():  # type: ignore[no-untyped-def]
+        for pr in (0.2, 0.4):
+            job = _job("running", ("Alice", pr, "running"))
+            job["parties"][0]["phase"] = phase
+            yield job
+
+    term = Tty()  # rich's default width off a real terminal: 80 columns
+    JobProgressView(terminal=term).follow(events())
+    lines = [line for line in re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", term.getvalue())
+             .replace("\r", "\n").splitlines() if "Alice" in line]
+    last = lines[-1]
+    assert len(last) <= 80
+    assert "━" * 8 in last                              # the bar keeps its width
+    assert " 40% " in last and "0:00:0" in last         # percentage and elapsed time
+    assert "running: training, 1,200" in last and last.endswith("…")
+
+

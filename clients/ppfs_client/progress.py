@@ -1,7 +1,8 @@
 """Showing a job's per-party progress while it runs (`ppfs jobs watch`, `ppfs demo-service`).
 
 On a terminal (stderr): one live line per party (name, progress bar, percentage,
-elapsed time, state and phase), redrawn in place with rich. Otherwise (a pipe, a log
+elapsed time, an estimate of the time left, state and phase), redrawn in place with
+rich. Otherwise (a pipe, a log
 file): one plain line on stdout each time something changed, so a log reads as a
 history.
 """
@@ -63,17 +64,30 @@ class JobProgressView:
 
     def _follow_live(self, events: Iterator[dict[str, Any]]) -> dict[str, Any] | None:
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+        from rich.table import Column
 
         last: dict[str, Any] | None = None
         with Progress(
             TextColumn("{task.description:>6}"),
-            BarColumn(bar_width=30),
+            BarColumn(bar_width=20),
             TextColumn("{task.percentage:>3.0f}%"),
             TimeElapsedColumn(),  # per party: from its start to its end
-            TextColumn("{task.fields[phase]}"),
+            # from the pace of its recent progress (the secure computation's stages are
+            # weighted by their cost, so the pace holds roughly steady on MP-SPDZ)
+            TimeRemainingColumn(compact=True),
+            # the phase takes what width is left, cut short rather than squeezing the rest
+            TextColumn("{task.fields[phase]}",
+                       table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
             console=Console(file=self.stream),
             refresh_per_second=4,
+            expand=True,  # the full width: the phase column's ratio takes the rest
         ) as bar:
             tasks: dict[int, Any] = {}
             for job in events:

@@ -513,7 +513,7 @@ class ProgressPlan:
         text, unit = STAGES[stage]
         if unit and total > 1:
             text += f", {done:,} of {total:,} {unit}"
-        return ProgressNote(f"secure computation: {text}", start + (end - start) * done / total)
+        return ProgressNote(text, start + (end - start) * done / total)
 
 
 def _progress_lines(
