@@ -2,9 +2,8 @@
 
 On a terminal (stderr): one live line per party (name, progress bar, percentage,
 elapsed time, an estimate of the time left, state and phase), redrawn in place with
-rich. Otherwise (a pipe, a log
-file): one plain line on stdout each time something changed, so a log reads as a
-history.
+rich. Otherwise (a pipe, a log file): one plain line on stdout each time something
+changed, so a log reads as a history.
 """
 
 from __future__ import annotations

@@ -45,6 +45,8 @@ class ProgressNote(str):
         note = super().__new__(cls, text)
         note.fraction = min(1.0, max(0.0, fraction))
         return note
+
+
 Address = tuple[str, int]
 # (party, every party's MPC address) -> the addresses that party dials (own one unchanged);
 # an engine's ``peer_view`` option, for embedded runs (e.g. through delaying relays)
