@@ -138,7 +138,8 @@ def test_training_shifts_keep_every_value_in_the_ring(m: int, k: int, batch: int
     """For shapes check_shape accepts, the worst cases of the SGD step's products stay
     below what their truncations and comparisons need: the forward sum (|z| < 2 (isqrt(m)
     + 1) 2^F, |w| up to the epoch's peak), g w, the gradient h (|h| < 2^(F+31) sqrt(b))
-    times ge, and the intercepts' update on the weights' shift."""
+    times ge, and the intercepts' update on the weights' shift: the update below 2^61
+    (active 3PC truncates it by the top bits, trunc_near), g w below 2^(gw_bits - 1)."""
     params = TrainParams(epochs=1, batch=batch, lr=lr, frac_bits=f)
     step2b.check_shape(m, k, params)
     c = step2b.constants(m, k, 2, 32, params)
@@ -147,12 +148,13 @@ def test_training_shifts_keep_every_value_in_the_ring(m: int, k: int, batch: int
     # |c~ A| <= |c~| (g |w| / 2^S_A + 1) = |z| 2^(31 - S_A) |w| + |c~|, |c~| < 2^31
     assert k * (z_bound * 2.0 ** (31 - c.fwd_shift) * w_peak + 2.0**31) <= 2.0**61.01
     assert c.g_bound * w_peak < 2.0**62 and w_peak * 2.0**c.q_shift < 2.0**60
+    assert c.g_bound * w_peak < 2.0 ** (c.gw_bits - 1)  # g w: the forward weights' trunc
     assert c.q_shift >= 1 and c.q_shift + f <= 61 and c.upd_shift >= step2b.ETA_FRAC
     for _, size, eta in c.batches():
         h = 2.0 ** (f + 31) * math.sqrt(size)
         ge = c.g_bound * eta >> c.eta_shift
         assert h * ge <= 2.0**61
-        assert size * 2**f * eta * 2 ** (c.upd_shift - step2b.ETA_FRAC) < 2**62
+        assert size * 2**f * eta * 2 ** (c.upd_shift - step2b.ETA_FRAC) < 2**61
     # the intercepts' update on the weights' shift is the mirror's trunc(gb eta, 20)
     gb = np.random.default_rng(m).integers(-(1 << 30), 1 << 30, 2000).astype(object)
     eta = c.eta_full
@@ -258,6 +260,35 @@ def test_active_3pc_standardisation_mask_decodes(k: int, f: int) -> None:
     assert offsets == {-1, 0, 1, 2}
 
 
+@pytest.mark.parametrize("f", [8, 20, 39, 44, 60])
+def test_active_3pc_truncation_by_top_bits_decodes(f: int) -> None:
+    """The arithmetic of the MP-SPDZ program's trunc_near (active 3PC), in the clear:
+    for |v| < 2^61 and random components of a = v + 2^61 (mod 2^64), the wraps W from
+    the components' bits 62 and 63 alone ([B >= 2] + [A >= 2 or B odd]) are exact, and
+    the components shifted, minus W 2^(64 - f), plus 1 are floor(v / 2^f) - 1 to + 1."""
+    rng = np.random.default_rng(f)
+    mask = (1 << 64) - 1
+    lim = 1 << 61
+    v = [*(int(x) for x in rng.integers(-lim + 1, lim, 20000)), lim - 1, -lim + 1, 0, -1, 1,
+         *(int(x) << f for x in rng.integers(-(1 << (60 - f)), 1 << (60 - f), 200))]
+    offsets = []
+    for x in v:
+        a = x + lim
+        comps = [int(rng.integers(0, 1 << 63)) * 2 + int(rng.integers(0, 2)) for _ in "ab"]
+        comps.append((a - comps[0] - comps[1]) & mask)
+        wraps = sum(comps) >> 64
+        ones = [[(c >> j) & 1 for c in comps] for j in (62, 63)]
+        a_two, b_two = (int(sum(col) >= 2) for col in ones)
+        b_odd = sum(ones[1]) % 2
+        assert b_two + (a_two | b_odd) == wraps
+        res = sum(c >> f for c in comps) - (wraps << (64 - f)) + 1 - (lim >> f)
+        offsets.append(res - (x >> f))
+    counts = {d: offsets.count(d) for d in set(offsets)}
+    assert set(counts) == {-1, 0, 1}
+    # the carry out of the low bits: 0, 1, 2 with chances near 1/6, 2/3, 1/6
+    assert counts[0] > 0.6 * len(offsets) and min(counts[-1], counts[1]) > 0.12 * len(offsets)
+
+
 def test_decoded_model_reproduces_the_standardised_scores() -> None:
     table = make_table(120, 5, n_classes=3, seed=6)
     fp = FixedPoint()
@@ -293,7 +324,7 @@ def test_shape_outputs_and_program_args() -> None:
         assert args[:6] == ["active-3pc", *shape.program_args()[:5]]
         assert args[14:] == shape.train_args()
         assert all(a.isdigit() for a in args[1:])  # compile.py reads '-' as an option
-    assert len(trained.train_args()) == 2 + 29
+    assert len(trained.train_args()) == 2 + 30
 
 
 def test_unmask_all_splits_the_outputs() -> None:

@@ -11,7 +11,10 @@ truncations of the standardisation, step 2, with a cheaper mask that leaves them
 to +2 units off the floor, without bias. Its SGD step takes the sigmoid's linear parts
 as trunc(q * slope, Q + F) where the mirror has trunc(trunc(q, Q) * slope, F), the
 mirror's value or one unit above (its pieces are chosen on q, exactly:
-[trunc(q, Q) <= cut] = [q < (cut + 1) 2^Q]).) The tests bound the effect (see
+[trunc(q, Q) <= cut] = [q < (cut + 1) 2^Q]); and it takes the SGD step's two
+truncations of the update and of A, values below 2^61, within a unit of the floor
+(floor - 1, floor or floor + 1, by the chance of its shares' low bits), in half the
+rounds of its exact truncation.) The tests bound the effect (see
 :func:`weight_tolerance`).
 
 Every value is an integer; "fixed point with F bits" means the integer round(v * 2^F).
@@ -249,6 +252,7 @@ class TrainConstants:
     fwd_shift: int  # S_A: the forward weights are a = g w / 2^S_A
     eta_shift: int  # X: the per-column step sizes are ge = trunc(g eta, X)
     upd_shift: int  # S_U = 51 + F - X: the weights' update is trunc(h ge, S_U)
+    gw_bits: int  # |g w| < 2^(gw_bits - 1) within an epoch that starts in range
 
     @property
     def alpha_frac(self) -> int:
@@ -285,7 +289,7 @@ class TrainConstants:
                 self.cuts[3],
                 self.tail, *self.slopes, *self.offsets, self.ratio_shift, self.ratio_limit,
                 self.weight_limit, self.centre_bits, self.fwd_shift, self.eta_shift,
-                self.upd_shift]
+                self.upd_shift, self.gw_bits]
 
 
 def n_models(n_classes: int) -> int:
@@ -322,6 +326,7 @@ def constants(m: int, k: int, n_classes: int, value_bits: int,
         ratio_shift=max(0, sqrt_m.bit_length() + 1 - s),
         ratio_limit=1 << (f + RATIO_BITS), weight_limit=1 << (f + params.weight_bits),
         centre_bits=value_bits + 1, fwd_shift=sa, eta_shift=x, upd_shift=UPDATE_BASE + f - x,
+        gw_bits=math.ceil(math.log2(g_bound(m, f) * weight_peak(m, params))) + f + 1,
     )
 
 
