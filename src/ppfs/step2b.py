@@ -352,8 +352,9 @@ def training_shifts(m: int, k: int, params: TrainParams) -> tuple[int, int]:
     """(S_A, X): the forward weights' shift and the step sizes' (module docstring).
 
     S_A is the smallest shift with 2^(31 - S_A) k 2 (isqrt(m) + 1) 2^(2F) w_peak <= 2^61
-    (the forward sum, |z| below 2 (isqrt(m) + 1) 2^F) and Q + F = 2F + 31 - S_A <= 61
-    (the sigmoid's linear parts from q, |q| < 6 2^Q where they count). X is the smallest
+    (the forward sum, |z| below 2 (isqrt(m) + 1) 2^F) and Q + 2F = 3F + 31 - S_A <= 62:
+    the sigmoid's linear parts from q, |q| < (5 2^F + 1) 2^Q where they count (|u| <= 5),
+    times a slope below 2^(F-2), stay below 2^62. X is the smallest
     with 2^(F+31) sqrt(b) g_bound eta <= 2^61 for both batch sizes b (|h| < 2^(F+31)
     sqrt(b)).
     """
@@ -362,7 +363,7 @@ def training_shifts(m: int, k: int, params: TrainParams) -> tuple[int, int]:
     last = m % b
     gb = g_bound(m, f)
     fwd = 2 * f - 30 + math.log2(k * 2 * (math.isqrt(m) + 1) * weight_peak(m, params))
-    sa = max(0, 2 * f - 30, math.ceil(fwd))
+    sa = max(0, 3 * f - 31, math.ceil(fwd))
     x = 0
     for size in (b, last):
         if size:
