@@ -8,14 +8,15 @@ down or up, at random), the mirror rounds down. (MP-SPDZ in active 3PC truncates
 exactly, rounding down as the mirror does, in the sequential steps on few values: per
 column and per SGD step, where its exact truncation takes fewer rounds; and the m*k
 truncations of the standardisation, step 2, with a cheaper mask that leaves them -1
-to +2 units off the floor, without bias. Its SGD step takes the sigmoid's linear parts
-as trunc(q * slope, Q + F) where the mirror has trunc(trunc(q, Q) * slope, F), the
-mirror's value or one unit above (its pieces are chosen on q, exactly:
-[trunc(q, Q) <= cut] = [q < (cut + 1) 2^Q]); and it takes the SGD step's two
+to +2 units off the floor, without bias; and it takes the SGD step's two
 truncations of the update and of A, values below 2^61, within a unit of the floor
 (floor - 1, floor or floor + 1, by the chance of its shares' low bits), in half the
-rounds of its exact truncation.) The tests bound the effect (see
-:func:`weight_tolerance`).
+rounds of its exact truncation. In every setting MP-SPDZ's SGD step takes the
+sigmoid from the untruncated forward product q, so that nothing waits for its
+truncation: the linear parts as trunc(q * slope, Q + F) where the mirror has
+trunc(trunc(q, Q) * slope, F), the mirror's value or one unit above, and the pieces
+chosen on q, exactly: [trunc(q, Q) <= cut] = [q < (cut + 1) 2^Q].) The tests bound
+the effect (see :func:`weight_tolerance`).
 
 Every value is an integer; "fixed point with F bits" means the integer round(v * 2^F).
 F = ``TrainParams.frac_bits`` (16). trunc(a, f) = a / 2^f rounded (down in the mirror).
@@ -687,7 +688,7 @@ def weight_tolerance(ref: TrainReference, params: TrainParams) -> float:
 
     Each probabilistic truncation in MPC differs from the mirror's (rounding down) by
     at most one unit (two for the standardisation's pre-shift in active 3PC with
-    MP-SPDZ, and one for the sigmoid's linear part that active 3PC takes from the
+    MP-SPDZ, and one for the sigmoid's linear part that MP-SPDZ takes from the
     untruncated product). The standardisation puts at most a few units into each z
     (g carries the Newton steps' errors, relative 2^-(F-3); c^ its pre-shift's, well
     below a unit of z). With k the features, z_max = max |z| and w_max = max |w|
