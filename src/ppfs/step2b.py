@@ -4,19 +4,19 @@ Step 2B runs in the same secure program as Step 2A, on D' and the labels exactly
 Step 2A leaves them (nothing is persisted in between). Both engines implement the
 integer algorithm below on secret shares; :func:`mirror` runs it in the clear. The
 only difference is rounding: the engines truncate probabilistically (a / 2^f rounded
-down or up, at random), the mirror rounds down. (MP-SPDZ in active 3PC truncates
-exactly, rounding down as the mirror does, in the sequential steps on few values: per
-column and per SGD step, where its exact truncation takes fewer rounds; and the m*k
-truncations of the standardisation, step 2, with a cheaper mask that leaves them -1
-to +2 units off the floor, without bias; and it takes the SGD step's two
-truncations of the update and of A, values below 2^61, within a unit of the floor
-(floor - 1, floor or floor + 1, by the chance of its shares' low bits), in half the
-rounds of its exact truncation. In every setting MP-SPDZ's SGD step takes the
-sigmoid from the untruncated forward product q, so that nothing waits for its
-truncation: the linear parts as trunc(q * slope, Q + F) where the mirror has
-trunc(trunc(q, Q) * slope, F), the mirror's value or one unit above, and the pieces
-chosen on q, exactly: [trunc(q, Q) <= cut] = [q < (cut + 1) 2^Q].) The tests bound
-the effect (see :func:`weight_tolerance`).
+down or up, at random), the mirror rounds down. (MP-SPDZ in active 3PC, where opening
+a masked value costs a check of every product so far, truncates exactly, rounding down
+as the mirror does, in the sequential steps on few values per column; the SGD step's
+two truncations, of the update and of A (values below 2^61), within a unit of the
+floor (floor - 1, floor or floor + 1, by the chance of its shares' low bits), in half
+the rounds of its exact truncation; and the m*k truncations of the standardisation,
+step 2, with a cheaper mask that leaves them -1 to +2 units off the floor, without
+bias. In every setting MP-SPDZ's SGD step takes the sigmoid from the untruncated
+forward product q, so that nothing waits for its truncation: the linear parts as
+trunc(q * slope, Q + F) where the mirror has trunc(trunc(q, Q) * slope, F), the
+mirror's value or one unit above, and the pieces chosen on q, exactly:
+[trunc(q, Q) <= cut] = [q < (cut + 1) 2^Q].) The tests bound the effect (see
+:func:`weight_tolerance`).
 
 Every value is an integer; "fixed point with F bits" means the integer round(v * 2^F).
 F = ``TrainParams.frac_bits`` (16). trunc(a, f) = a / 2^f rounded (down in the mirror).
