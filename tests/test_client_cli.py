@@ -202,3 +202,36 @@ def test_ppfs_up_and_demo_service(tmp_path: Path) -> None:
     )
     assert demo.returncode == 0, demo.stderr[-2000:]
     assert "selected 3 of 8 features" in demo.stdout
+
+
+def test_private_files_are_0600_whatever_was_there(tmp_path: Path) -> None:
+    """Key files, mask words and kept requests are written 0600 through a fresh file
+    of their own: not through a leftover or planted file of a looser mode, whose mode
+    a rename would carry over, nor through a link."""
+    import numpy as np
+    from ppfs_client.keys import ClientKeys
+
+    from ppfs.contract import SignedRequest
+
+    key = tmp_path / "me.key"
+    for name in ("me.key", "me.key.tmp"):  # a leftover key file and temp file, both 0644
+        (tmp_path / name).write_text("{}")
+        os.chmod(tmp_path / name, 0o644)
+    (tmp_path / "elsewhere").write_text("not a key")
+    os.symlink(tmp_path / "elsewhere", tmp_path / ".me.key.tmp")
+    keys = ClientKeys.generate("owner-a").save(key)
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    assert ClientKeys.load(key).verify_key == keys.verify_key
+    assert (tmp_path / "elsewhere").read_text() == "not a key"
+    masks = keys.save_mask_words("m1", np.arange(4))
+    masks.chmod(0o644)
+    keys.save_mask_words("m1", np.arange(4))
+    kept = keys.save_job_request("j1", SignedRequest(b"asked", b"sig"))
+    assert kept is not None
+    for path in (masks, kept):
+        assert oct(path.stat().st_mode & 0o777) == "0o600", path
+        assert oct(path.parent.stat().st_mode & 0o777) == "0o700", path
+    assert keys.load_job_request("j1") == SignedRequest(b"asked", b"sig")
+    assert keys.load_job_request("j2") is None
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == [
+        ".me.key.tmp", "me.key.tmp"]  # nothing of its own left behind

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,11 +79,12 @@ def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
             proc.wait()
 
 
-def _post_big(port: int, headers: dict[str, str], result: dict[str, object]) -> None:
+def _post_big(port: int, headers: dict[str, str], result: dict[str, object],
+              path: str = "/v1/datasets") -> None:
     """POST a 250 MB body, reading the answer while sending; record what came back."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    sock.sendall((f"POST /v1/datasets HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json"
+    sock.sendall((f"POST {path} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json"
                   f"\r\nContent-Length: {BODY}\r\n{head}\r\n").encode())
     reply = bytearray()
 
@@ -143,6 +144,41 @@ def test_unauthenticated_bodies_are_refused_unread(gateway: GatewayProcess) -> N
     ok = httpx.get(gateway.url + "/v1/datasets",
                    headers={"Authorization": f"Bearer {gateway.token}"})
     assert ok.status_code == 200
+
+
+def _largest_spooled(spool: Path, send: Callable[[], None]) -> int:
+    """The largest file in ``spool`` while ``send`` runs (sampled every 10 ms)."""
+    seen = 0
+    stop = threading.Event()
+
+    def watch() -> None:
+        nonlocal seen
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                seen = max([seen, *(f.stat().st_size for f in spool.iterdir())])
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        send()
+    finally:
+        stop.set()
+        watcher.join()
+    return seen
+
+
+def test_bodies_outside_the_api_are_refused_unread(gateway: GatewayProcess) -> None:
+    """Bodies are taken under /v1/ only, after the token: a body sent anywhere else, with
+    no token, is answered 404 at once and never read into memory or onto disk."""
+    for path in ("/healthz", "/v1", "//v1/datasets", "/console/x"):
+        result: dict[str, object] = {}
+        seen = _largest_spooled(gateway.state_dir / "spool",
+                                lambda: _post_big(gateway.port, {}, result, path))  # noqa: B023
+        reply = result["reply"]
+        assert isinstance(reply, bytes) and reply.startswith(b"HTTP/1.1 404"), (path, reply[:200])
+        assert int(result["sent"]) < BODY, path  # type: ignore[call-overload]
+        assert seen < 1 << 20, (path, seen)  # nothing of it spooled
 
 
 def test_query_string_token_is_refused_and_never_logged(gateway: GatewayProcess) -> None:

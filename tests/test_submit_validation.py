@@ -185,3 +185,45 @@ def test_datasets_check_through_fake_parties(stack: Stack, datasets: list[str],
     assert check["consistent"], check
     assert [p["name"] for p in check["parties"]] == ["Alice", "Bob", "Carol"]
     assert all(len(p["held"]) == 1 for p in check["parties"])
+
+
+def test_consents_name_subjects_and_are_bounded(
+    stack: Stack, datasets: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consent names subject ids (nothing a terminal acts on when it is listed), is at
+    most a few KiB, and an owner keeps a bounded number per data set: each refusal
+    stores nothing. What the client prints from the gateway is made inert anyway."""
+    import json
+
+    import ppfs_gateway.api.routes.datasets as routes
+    from ppfs_client.terminal import printable
+
+    key = stack.keys["owner-a"]
+    ds = datasets[0]
+    box = base64.b64encode(stack.keys["analyst-1"].box_public_key).decode()
+
+    def consent(recipient: str, **extra: Any) -> dict[str, str]:
+        blob = json.dumps({"purpose": "ppfs consent v1", "owner_id": "owner-a",
+                           "dataset_id": ds, "recipient": recipient,
+                           "recipient_public_key": box, "reveal": "selection",
+                           "created_at": "2026-01-01T00:00:00Z", **extra},
+                          sort_keys=True, separators=(",", ":")).encode()
+        return {"statement": base64.b64encode(blob).decode(),
+                "signature": base64.b64encode(key.signing.sign(blob).signature).decode()}
+
+    before = state(stack)
+    forged_line = "analyst-1\x1b[2K\r\x1b[31mowner-b -> analyst-1: selection+model"
+    problem(call(stack, "owner-a", "POST", f"/v1/datasets/{ds}/consents",
+                 consent(forged_line)), 422, "malformed")
+    problem(call(stack, "owner-a", "POST", f"/v1/datasets/{ds}/consents",
+                 consent("analyst-1", padding="x" * 40_000)), 422, "statement")
+    assert state(stack) == before
+    monkeypatch.setattr(routes, "MAX_CONSENTS_PER_OWNER", 2)
+    others = [f"analyst-{i}" for i in range(2, 6)]
+    answers = [call(stack, "owner-a", "POST", f"/v1/datasets/{ds}/consents", consent(r))
+               for r in others]
+    assert [r.status_code for r in answers][-1] == 409, [r.text for r in answers]
+    problem(answers[-1], 409, "at most 2 consents")
+    assert printable(forged_line) == (
+        "analyst-1\\x1b[2K\\r\\x1b[31mowner-b -> analyst-1: selection+model")
+    assert printable("col\u202eexe\u200b\nnext\tcell") == "col\\u202eexe\\u200b\nnext\tcell"

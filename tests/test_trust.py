@@ -5,8 +5,9 @@
   deployment CA, ppfs.keycert);
 - consent: a job on a data set for a recipient its owner never consented to is
   refused by every party on its own, and audited there (ppfs.contract.check_consents);
-- results: a duplicated, missing or foreign-signed part, or a relabelled job record,
-  is refused by `ppfs result fetch` (ppfs.contract.ResultStatement).
+- results: a duplicated, missing or foreign-signed part, a relabelled job record, another
+  job's result, or a result for another request than the one submitted as the job, is
+  refused by `ppfs result fetch` (ppfs.contract.ResultStatement).
 
 The malicious gateway is a test double in front of the real one: a reverse proxy
 that rewrites what it relays.
@@ -207,6 +208,110 @@ def test_gateway_substituting_party_keys_is_refused_before_sealing(
         evil.stop()
 
 
+def _describe(change: Callable[[dict[str, Any]], None]) -> Rewrite:
+    def rewrite(method: str, path: str, body: Any) -> Any:
+        if path == "/v1/deployment":
+            body = copy.deepcopy(body)
+            change(body)
+        return body
+
+    return rewrite
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    # every column would encode to a few levels: a selection that is not the data's
+    (lambda d: d["fixed_point"].update(target_bits=1), "fixed-point encoding (16, 32, 1)"),
+    # values past the range the secure comparisons are sized for
+    (lambda d: d["fixed_point"].update(value_bits=40, target_bits=38),
+     "fixed-point encoding (16, 40, 38)"),
+    (lambda d: d.update(scheme="rep4"), "sharing scheme 'rep4' for 3 certified parties"),
+    (lambda d: d.update(scheme="rep5"), "sharing scheme 'rep5' for 3 certified parties"),
+    (lambda d: d.pop("fixed_point"), "description of the deployment is malformed"),
+    (lambda d: d["parties"][0].update(box_public_key=None),
+     "description of the deployment is malformed"),
+], ids=["coarse", "wide", "scheme", "unknown-scheme", "no-encoding", "bad-key"])
+def test_gateway_describing_another_encoding_is_refused_before_sealing(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    change: Callable[[dict[str, Any]], None], message: str,
+) -> None:
+    """The encoding and the sharing scheme are the client's own, not the gateway's to
+    choose: a gateway describing others (or a description that does not parse) is
+    refused, naming it, before anything is created, sealed or sent."""
+    evil = EvilGateway(stack.gateway.url, _describe(change))
+    try:
+        t = make_table(12, 3, seed=2)
+        write_csv(tmp_path / "a.csv", t)
+        rc, _, err = run(capsys, stack, evil.url, "owner-a", "upload", str(tmp_path / "a.csv"),
+                         "--dataset", "d", "--label", "label")
+        assert rc == 1 and message in err and "Traceback" not in err, err
+        assert evil.posts() == []
+    finally:
+        evil.stop()
+
+
+def test_deployment_shows_the_answer_it_checked(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ppfs deployment` prints the one answer whose keys it checked: a gateway that
+    answers honestly once and with a rogue key for Bob the next time gets its one
+    honest answer shown, or its rogue one refused."""
+    rogue = base64.b64encode(bytes(PrivateKey.generate().public_key)).decode()
+    asked = 0
+
+    def change(d: dict[str, Any]) -> None:
+        nonlocal asked
+        asked += 1
+        if asked % 2 == 0:
+            d["parties"][1]["box_public_key"] = rogue
+
+    evil = EvilGateway(stack.gateway.url, _describe(change))
+    try:
+        honest = stack.client("owner-a").deployment().parties[1].box_public_key
+        rc, out, err = run(capsys, stack, evil.url, "owner-a", "deployment", "--json")
+        assert rc == 0, err
+        assert json.loads(out)["parties"][1]["box_public_key"] == (
+            base64.b64encode(honest).decode())
+        rc, out, err = run(capsys, stack, evil.url, "owner-a", "deployment", "--json")
+        assert rc == 1 and "party 1 (Bob)" in err and rogue not in out, (out, err)
+    finally:
+        evil.stop()
+
+
+def test_a_schema_too_coarse_for_the_table_is_refused(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An owner encoding with an existing data set's scales (--schema-from) takes them
+    from the gateway: scales that would leave its table a few significant bits are
+    refused, naming the column, before anything is sent."""
+    t = make_table(40, 3, seed=4)
+    write_csv(tmp_path / "a.csv", t)
+    rc, out, err = run(capsys, stack, stack.gateway.url, "owner-a", "upload",
+                       str(tmp_path / "a.csv"), "--dataset", "first", "--label", "label")
+    assert rc == 0, err
+    first = out.strip()
+
+    def coarse(method: str, path: str, body: Any) -> Any:
+        if path == f"/v1/datasets/{first}":
+            body = copy.deepcopy(body)
+            body["column_exponents"] = [e - 20 for e in body["column_exponents"]]
+        return body
+
+    evil = EvilGateway(stack.gateway.url, coarse)
+    try:
+        rc, _, err = run(capsys, stack, evil.url, "owner-a", "upload", str(tmp_path / "a.csv"),
+                         "--dataset", "second", "--schema-from", first, "--label", "label")
+        assert rc == 2, err
+        assert f"column {t.columns[0]!r}: the schema's scale" in err and "3 significant" in err
+        assert evil.posts() == []
+    finally:
+        evil.stop()
+    # the honest schema is taken as it is
+    rc, _, err = run(capsys, stack, stack.gateway.url, "owner-a", "upload",
+                     str(tmp_path / "a.csv"), "--dataset", "second", "--schema-from", first,
+                     "--label", "label")
+    assert rc == 0, err
+
+
 def test_without_a_trust_anchor_nothing_is_sealed(
     stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -320,6 +425,93 @@ def test_forged_results_are_refused(
         assert "selected" not in out
     finally:
         evil.stop()
+
+
+class HoldingGateway(EvilGateway):
+    """Holds back the first job submission it relays (answering 503: "try again"), then
+    submits that one in place of the next and answers the next with its job."""
+
+    def __init__(self, upstream: str) -> None:
+        self.held: bytes | None = None
+        super().__init__(upstream, lambda method, path, body: body)
+
+    async def _relay(self, request: Request) -> Response:
+        if request.method != "POST" or request.url.path != "/v1/jobs":
+            return await super()._relay(request)
+        body = await request.body()
+        if self.held is None:
+            self.held = body
+            return Response(b'{"detail": "busy, try again"}', status_code=503,
+                            media_type="application/json")
+        async with httpx.AsyncClient(base_url=self.upstream, timeout=30) as http:
+            resp = await http.post("/v1/jobs", content=self.held, headers={
+                k: v for k, v in request.headers.items()
+                if k.lower() in ("authorization", "content-type")})
+        return Response(resp.content, status_code=resp.status_code,
+                        media_type=resp.headers.get("content-type"))
+
+
+def test_a_result_opens_only_for_the_job_and_request_it_was_fetched_for(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The recipient has two finished jobs, X (k 3 on two data sets) and Y (k 1 on one).
+    A gateway that answers for X with Y's genuine record and parts, one that answers a
+    new submission with Y's id (never running it), and one that runs a request it held
+    back in place of the one submitted: each is refused, naming what differs, and
+    nothing is opened; honestly fetched, X and Y open as themselves."""
+    t, ids, _ = horizontal_setup(stack, m=40, p=6, seed=9)
+    analyst, key = stack.client("analyst-1"), stack.keys["analyst-1"]
+    y = analyst.submit(key, [ids[0]], label="label", k=1, engine="mpyc")["id"]
+    x = analyst.submit(key, ids, label="label", k=3, engine="mpyc")["id"]
+    for j in (x, y):
+        assert wait_final(analyst, j)["state"] == "succeeded"
+    want_x = [t.columns[j] for j in oracle.ms_gini_top_k(t.x, t.y, t.n_classes, 3)]
+    rc, out, err = run(capsys, stack, stack.gateway.url, "analyst-1", "result", "fetch", x,
+                       "--json")
+    assert rc == 0 and json.loads(out)["selected"] == want_x, err
+    rc, out, err = run(capsys, stack, stack.gateway.url, "analyst-1", "result", "fetch", y,
+                       "--json")
+    assert rc == 0 and len(json.loads(out)["selected"]) == 1, err
+
+    def swapped(method: str, path: str, body: Any) -> Any:
+        if path in (f"/v1/jobs/{x}", f"/v1/jobs/{x}/result"):
+            return analyst._call("GET", path.replace(x, y))  # Y's, genuine, for X
+        if method == "POST" and path == "/v1/jobs":
+            return analyst.get_job(y)  # "your new job is Y"
+        return body
+
+    evil = EvilGateway(stack.gateway.url, swapped)
+    try:
+        rc, out, err = run(capsys, stack, evil.url, "analyst-1", "result", "fetch", x)
+        assert rc == 1 and "selected" not in out, (out, err)
+        assert f"for job {x} with the record of another job" in err, err
+        rc, out, err = run(capsys, stack, evil.url, "analyst-1", "jobs", "submit",
+                           "--dataset", ids[0], "--label", "label", "--k", "2", "--engine", "mpyc")
+        assert rc == 1, (out, err)
+        assert "already answers another request of this key" in err, err
+    finally:
+        evil.stop()
+    # Y still opens as Y: the refused answer did not overwrite what the key kept for it
+    rc, out, err = run(capsys, stack, stack.gateway.url, "analyst-1", "result", "fetch", y)
+    assert rc == 0, err
+
+    holding = HoldingGateway(stack.gateway.url)
+    try:
+        first = run(capsys, stack, holding.url, "analyst-1", "jobs", "submit",
+                    "--dataset", ids[0], "--label", "label", "--k", "1", "--engine", "mpyc")
+        assert first[0] != 0 and holding.held is not None, first
+        rc, out, err = run(capsys, stack, holding.url, "analyst-1", "jobs", "submit",
+                           "--dataset", ids[0], "--dataset", ids[1], "--label", "label",
+                           "--k", "3", "--engine", "mpyc", "--json")
+        assert rc == 0, err
+        z = json.loads(out)["id"]
+        assert wait_final(analyst, z)["state"] == "succeeded"  # the held request, run
+        rc, out, err = run(capsys, stack, stack.gateway.url, "analyst-1", "result", "fetch",
+                           z)
+        assert rc == 1 and "selected" not in out, (out, err)
+        assert f"ran job {z} for another request than the one this key submitted" in err, err
+    finally:
+        holding.stop()
 
 
 # -- consent, enforced by every party ---------------------------------------------------

@@ -36,6 +36,7 @@ from ppfs.table import read_csv, read_features
 from ppfs_client.keys import ClientKeys
 from ppfs_client.progress import FINAL_STATES, JobProgressView, change_line, signature
 from ppfs_client.sdk import ApiError, GatewayClient, OwnerTable
+from ppfs_client.terminal import printable
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -241,7 +242,7 @@ def _keys(args: argparse.Namespace) -> ClientKeys:
 
 
 def _err(msg: str) -> None:
-    print(f"ppfs: error: {msg}", file=sys.stderr)
+    print(f"ppfs: error: {printable(msg)}", file=sys.stderr)
 
 
 def _guard(fn: Any) -> Any:
@@ -262,7 +263,7 @@ def _guard(fn: Any) -> Any:
 
 
 def _out(args: argparse.Namespace, obj: Any, text: str) -> None:
-    print(json.dumps(obj) if args.json else text)
+    print(json.dumps(obj) if args.json else printable(text))
 
 
 def read_unlabelled(path: Path) -> OwnerTable:
@@ -299,6 +300,8 @@ def _upload(args: argparse.Namespace) -> int:
             fp = dep.fixed_point
             exps = exponents if exponents is not None else fp.choose_exponents(
                 table.x, table.columns)
+            if exponents is not None:
+                fp.check_scales(table.x, exps, table.columns)
             fp.encode(table.x, np.asarray(exps, dtype=np.int64), table.columns)
         except InputDataError as exc:
             raise InputDataError(f"{args.data}: {exc}") from None
@@ -586,7 +589,7 @@ def _watch(client: GatewayClient, job_id: str, as_json: bool) -> int:
     if last is None or last["state"] not in FINAL_STATES:
         last = client.get_job(job_id)
     if view.printed != signature(last):  # the final state, unless just printed
-        print(json.dumps(last) if as_json else change_line(last))
+        print(json.dumps(last) if as_json else printable(change_line(last)))
     if last["state"] != "succeeded":
         _err(f"job {job_id} {last['state']}: {last['error'] or 'no reason given'}")
         return EXIT_FAILED
@@ -650,8 +653,8 @@ def _keys_show(args: argparse.Namespace) -> int:
 @_guard
 def _deployment(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        client.deployment()  # every party's keys checked against the trust anchor
-        raw = client._call("GET", "/v1/deployment")
+        # one answer, every party's keys in it checked against the trust anchor
+        _, raw = client.deployment_answer()
     lines = [
         f"{p['index']} {p['name']:6} mpc {p['mpc_address']}  engines {', '.join(p['engines'])}"
         for p in raw["parties"]

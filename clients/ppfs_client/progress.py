@@ -13,6 +13,8 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
+from ppfs_client.terminal import printable
+
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -57,7 +59,7 @@ class JobProgressView:
             if sig == self.printed:
                 continue
             self.printed = sig
-            line = json.dumps(job) if self.as_json else change_line(job)
+            line = json.dumps(job) if self.as_json else printable(change_line(job))
             print(line, file=self.stream, flush=True)
         return last
 
@@ -100,7 +102,8 @@ class JobProgressView:
                         bar.start_task(tasks[i])
                     if p["state"] in FINAL_STATES and task.stop_time is None:
                         bar.stop_task(tasks[i])
-                    phase = p["state"] + (f": {p['phase']}" if p.get("phase") else "")
+                    phase = printable(
+                        p["state"] + (f": {p['phase']}" if p.get("phase") else ""))
                     bar.update(tasks[i], completed=p["progress"], phase=phase)
         return last
 

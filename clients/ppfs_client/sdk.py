@@ -17,6 +17,7 @@ the columns, exponents and classes the parties signed (ppfs.contract.ResultState
 from __future__ import annotations
 
 import base64
+import binascii
 import datetime as dt
 import hashlib
 import json
@@ -55,6 +56,11 @@ MASK_COLUMNS = ("mask_w0", "mask_w1")
 Progress = Callable[[int, int], None]  # (bytes sent, total)
 
 
+class RefusedAnswer(PpfsError):
+    """An answer of the gateway's that the client refuses (it does not parse, or it says
+    what the client knows otherwise); nothing is done with it."""
+
+
 class ApiError(PpfsError):
     """The gateway answered with a problem (RFC 9457)."""
 
@@ -85,7 +91,19 @@ class Deployment:
     @classmethod
     def from_json(cls, d: dict[str, Any], trust: TrustAnchor) -> Deployment:
         """The deployment as the gateway describes it, every party's keys checked against
-        the trust anchor (UntrustedPartyKey naming the first party that fails)."""
+        the trust anchor (UntrustedPartyKey naming the first party that fails). The
+        encoding and the sharing scheme are this client's own (the fixed-point parameters
+        every party computes with, the scheme that the number of certified parties
+        implies): a gateway describing others is refused, not followed (RefusedAnswer, as
+        for a description that does not parse)."""
+        try:
+            return cls._from_json(d, trust)
+        except (KeyError, TypeError, ValueError, AttributeError, binascii.Error):
+            raise RefusedAnswer("the gateway's description of the deployment is malformed") \
+                from None
+
+    @classmethod
+    def _from_json(cls, d: dict[str, Any], trust: TrustAnchor) -> Deployment:
         fp = d["fixed_point"]
         parties = []
         relayed_ca = str(d.get("deployment_ca_pem", "")).encode()
@@ -112,12 +130,21 @@ class Deployment:
             parties.append(info)
         if len(parties) not in (3, 4):
             raise UntrustedPartyKey(f"the gateway lists {len(parties)} parties, not 3 or 4")
-        return cls(
-            parties=tuple(parties),
-            scheme=Scheme(d["scheme"]),
-            securities=tuple(d["securities"]),
-            fixed_point=FixedPoint(fp["frac_bits"], fp["value_bits"], fp["target_bits"]),
-        )
+        scheme, own = Scheme.for_parties(len(parties)), FixedPoint()
+        said = (fp["frac_bits"], fp["value_bits"], fp["target_bits"])
+        if said != (own.frac_bits, own.value_bits, own.target_bits):
+            raise RefusedAnswer(
+                f"the gateway describes a fixed-point encoding {said} (fractional, value, "
+                f"target bits) other than the one the parties compute with "
+                f"{(own.frac_bits, own.value_bits, own.target_bits)}: nothing is encoded with it"
+            )
+        if d["scheme"] != scheme.value:
+            raise RefusedAnswer(
+                f"the gateway describes the sharing scheme {d['scheme']!r} for "
+                f"{len(parties)} certified parties (that is {scheme.value!r})"
+            )
+        return cls(parties=tuple(parties), scheme=scheme,
+                   securities=tuple(str(x) for x in d["securities"]), fixed_point=own)
 
 
 @dataclass(frozen=True)
@@ -212,9 +239,14 @@ class GatewayClient:
     def deployment(self) -> Deployment:
         """The parties with keys verified against the trust anchor (NoTrustAnchor without
         one, UntrustedPartyKey naming a party whose keys do not verify)."""
+        return self.deployment_answer()[0]
+
+    def deployment_answer(self) -> tuple[Deployment, dict[str, Any]]:
+        """:meth:`deployment` and the one answer it was verified from."""
         if self.trust is None:
             raise NoTrustAnchor()
-        return Deployment.from_json(self._call("GET", "/v1/deployment"), self.trust)
+        raw = dict(self._call("GET", "/v1/deployment"))
+        return Deployment.from_json(raw, self.trust), raw
 
     def create_dataset(
         self, name: str, kind: str = "data", owner_id: str | None = None
@@ -242,8 +274,11 @@ class GatewayClient:
         UTC ``YYYY-MM-DDTHH:MM:SSZ``: until then; with ``max_jobs``: for that many jobs,
         counted by every party). Every party checks it itself before it runs a job on the
         owner's uploads."""
-        signed = Consent(keys.subject, dataset_id, recipient, recipient_key, reveal,
-                         expires_at=expires_at, max_jobs=max_jobs).sign(keys.signing)
+        try:
+            signed = Consent(keys.subject, dataset_id, recipient, recipient_key, reveal,
+                             expires_at=expires_at, max_jobs=max_jobs).sign(keys.signing)
+        except ValueError as exc:
+            raise ParameterError(f"consent: {exc}") from None
         body = {"statement": base64.b64encode(signed.statement).decode(),
                 "signature": base64.b64encode(signed.signature).decode()}
         return dict(self._call("POST", f"/v1/datasets/{dataset_id}/consents", body))
@@ -440,7 +475,16 @@ class GatewayClient:
         ).sign(keys.signing)
         body["request"] = {"statement": base64.b64encode(req.statement).decode(),
                            "signature": base64.b64encode(req.signature).decode()}
-        return self.submit_job(body)
+        job = self.submit_job(body)
+        # kept, so that this job's result opens only as the answer to this request
+        try:
+            keys.save_job_request(str(job.get("id", "")), req)
+        except ParameterError as exc:
+            raise ResultRejected(
+                f"the gateway answered this request with an unusable job id ({exc}): "
+                "it did not run this request as a job of its own"
+            ) from None
+        return job
 
     def validate_job(self, body: dict[str, Any]) -> dict[str, Any]:
         return dict(self._call("POST", "/v1/jobs/validate", body))
@@ -450,8 +494,16 @@ class GatewayClient:
     ) -> ResultSelection:
         dep = deployment or self.deployment()
         job = self.get_job(job_id)
+        if job.get("id") != job_id:
+            raise ResultRejected(
+                f"the gateway answered for job {job_id} with the record of another job: "
+                "do not trust the gateway's answers"
+            )
         got = self.result_parts(job_id)
-        return open_selection(keys, job, got["parts"], dep)
+        try:
+            return open_selection(keys, job, got["parts"], dep)
+        except (KeyError, TypeError, ValueError, AttributeError, binascii.Error):
+            raise RefusedAnswer(f"the gateway's result of job {job_id} is malformed") from None
 
 
 def build_upload(
@@ -475,6 +527,8 @@ def build_upload(
         )
         if len(exps) != len(table.columns):
             raise PpfsError("the schema's exponents do not match this table's columns")
+        if exponents is not None:  # a schema's scales: not so coarse they erase this table
+            fp.check_scales(table.x, exps, table.columns)
         raw = fp.encode(table.x, exps, table.columns)
         frac = fp.frac_bits
     else:
@@ -588,6 +642,12 @@ def open_selection(
     Decoded with what every party signed; the gateway's job record must agree with it."""
     job_id = job["id"]
     words, st = verified_statement(job_id, parts, dep, keys)
+    asked = keys.load_job_request(job_id)
+    if asked is not None and st.request_sha256 != hashlib.sha256(asked.statement).hexdigest():
+        raise ResultRejected(
+            f"the parties ran job {job_id} for another request than the one this key "
+            "submitted as that job: do not trust this result as its answer"
+        )
     signed = st.decoding()
     differ = [f for f in _RECORD_FIELDS if f in job and list(_listed(job[f])) != list(
         _listed(signed[f]))]

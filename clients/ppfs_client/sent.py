@@ -10,12 +10,12 @@ re-sharing anything.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from ppfs.errors import ParameterError
+from ppfs.pki import replace_private_file
 from ppfs_client.keys import ClientKeys
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -35,13 +35,7 @@ def save_sent(keys: ClientKeys, dataset_id: str, body: dict[str, Any]) -> Path |
         return None
     path = _path(keys, str(body["upload_id"]))
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump({"dataset_id": dataset_id, **body}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
+    replace_private_file(path, json.dumps({"dataset_id": dataset_id, **body}).encode())
     return path
 
 

@@ -27,8 +27,10 @@ gateway cannot point a job at a recipient the owners never agreed to.
 
 Result statements (:class:`ResultStatement`): each party signs, next to its sealed
 part, what the words mean (columns, exponents, classes and shape as it verified
-them from the owner-signed manifests). The recipient decodes only with a statement
-every party signed identically, never with the gateway's job record.
+them from the owner-signed manifests) and the SHA-256 of the recipient's signed request
+the job ran for. The recipient decodes only with a statement every party signed
+identically, never with the gateway's job record, and only for the job id it asked for
+and the request it submitted as that job.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import datetime as dt
 import enum
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -315,6 +318,11 @@ def _b64(data: bytes) -> str:
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # UTC, as consents state their times
 MAX_CONSENT_JOBS = 1_000_000
+MAX_CONSENT_BYTES = 4096  # a consent statement is a few hundred bytes
+# who a consent names: subject ids (the gateway's token subjects, the parties' owner ids)
+# and a data set id; nothing a terminal would act on when a consent is listed
+_SUBJECT = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 def utc_time(text: str) -> dt.datetime:
@@ -340,6 +348,11 @@ class Consent:
     max_jobs: int = 0  # 0 any number: left out of the signed form
 
     def to_bytes(self) -> bytes:
+        if not (_SUBJECT.match(self.owner_id) and _SUBJECT.match(self.recipient)):
+            raise ValueError("a consent names its owner and recipient by subject id "
+                             "(letters, digits, '.', '_', '-')")
+        if not _ID.match(self.dataset_id):
+            raise ValueError("a consent names its data set by id")
         d: dict[str, str | int] = {
             "purpose": CONSENT_PURPOSE, "owner_id": self.owner_id,
             "dataset_id": self.dataset_id, "recipient": self.recipient,
@@ -358,7 +371,11 @@ class Consent:
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> Consent:
+        """The consent a statement states; ConsentError unless it is one: at most
+        MAX_CONSENT_BYTES, owner and recipient subject ids, a data set id."""
         try:
+            if len(blob) > MAX_CONSENT_BYTES:
+                raise ValueError
             d = json.loads(blob)
             if d["purpose"] != CONSENT_PURPOSE:
                 raise ValueError
@@ -370,6 +387,9 @@ class Consent:
                 utc_time(expires)
             max_jobs = d.get("max_jobs", 0)
             if type(max_jobs) is not int or not 0 <= max_jobs <= MAX_CONSENT_JOBS:
+                raise ValueError
+            if not (_SUBJECT.match(d["owner_id"]) and _SUBJECT.match(d["recipient"])
+                    and _ID.match(d["dataset_id"])):
                 raise ValueError
             return cls(str(d["owner_id"]), str(d["dataset_id"]), str(d["recipient"]), key,
                        Reveal(d["reveal"]), str(d["created_at"]), expires, max_jobs)
@@ -782,6 +802,9 @@ class ResultStatement:
     frac_bits: int
     outputs: int
     training: Mapping[str, Any] | None
+    # SHA-256 of the recipient's signed request (JobRequest) the job ran for: the recipient
+    # checks it against the request it kept, so no result answers another request
+    request_sha256: str = ""
 
     @classmethod
     def for_job(cls, job: JobContract, sha256: str, party_index: int, sealed: bytes,
@@ -795,6 +818,8 @@ class ResultStatement:
             k=job.k, columns=verified.columns, column_exponents=verified.column_exponents,
             classes=verified.classes, frac_bits=job.frac_bits, outputs=job.outputs,
             training=training_body(job.training),
+            request_sha256=(hashlib.sha256(job.request.statement).hexdigest()
+                            if job.request is not None else ""),
         )
 
     def to_bytes(self) -> bytes:

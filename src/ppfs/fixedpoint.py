@@ -26,6 +26,9 @@ from ppfs.errors import InputDataError
 # The exponent f + e_j must stay in this range; a column whose magnitude would
 # need more is refused (no power-of-two scale fits it into the value range).
 MAX_TOTAL_EXPONENT = 64
+# A schema's scale may give a column at most this many bits fewer than the column's own
+# scale would (another owner's values up to 2^12 times larger than this owner's).
+MAX_SCALE_LOSS = 12
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,24 @@ class FixedPoint:
                 )
             exps[j] = total - self.frac_bits
         return exps
+
+    def check_scales(
+        self, x: np.ndarray, exponents: Sequence[int] | np.ndarray, columns: Sequence[str]
+    ) -> None:
+        """Refuse a schema's exponents that would leave a column's largest magnitude fewer
+        than ``target_bits - MAX_SCALE_LOSS`` significant bits (its own scale would give it
+        ``target_bits``): another owner's far larger values, or a scale nobody's data
+        needs, which would quantise this table to a few levels."""
+        own = self.choose_exponents(x, columns)
+        for j, col in enumerate(columns):
+            loss = int(own[j]) - int(exponents[j])
+            if loss > MAX_SCALE_LOSS and np.any(x[:, j] != 0):
+                raise InputDataError(
+                    f"column {col!r}: the schema's scale 2^{int(exponents[j])} leaves this "
+                    f"table's largest value only {self.target_bits - loss} significant bits "
+                    f"(its own scale, 2^{int(own[j])}, gives {self.target_bits}): check that "
+                    "the schema is this data set's"
+                )
 
     def encode(self, x: np.ndarray, exponents: np.ndarray, columns: Sequence[str]) -> np.ndarray:
         """Encode an (m, p) float matrix to int64 raw values, refusing out-of-range values."""

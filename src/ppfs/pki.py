@@ -24,6 +24,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,9 +137,7 @@ def party_key_and_csr(key_path: Path, common_name: str) -> x509.CertificateSigni
         serialization.NoEncryption(),
     )
     key_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(pem)
+    replace_private_file(key_path, pem)
     return (
         x509.CertificateSigningRequestBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
@@ -159,6 +158,22 @@ def write_private_key(path: Path, data: bytes) -> None:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def replace_private_file(path: Path, data: bytes) -> None:
+    """Write ``path`` (new, or over the old one) so that it is mode 0600 from its first
+    byte: through a fresh, randomly named file created exclusively (never one that was
+    there before, whatever its mode, nor a link), synced, then renamed over ``path``."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def save_ca(ca: CertificateAuthority, directory: Path) -> None:

@@ -78,6 +78,8 @@ class RequestGuard:
        strings end up in access logs, proxies' logs and browser histories.
     2. Every ``/v1/`` request is authenticated from its ``Authorization`` header; a
        missing or unknown token is answered 401 at once and the body is never read.
+       Bodies are taken under ``/v1/`` only: a POST, PUT or PATCH anywhere else is
+       answered 404 at once, its body never read.
     3. A body declared or found larger than ``limit`` is refused with 413.
     4. An accepted body is streamed into a private temporary file in ``spool_dir``
        (mode 0600), never held in memory while it arrives, handed to the app from
@@ -118,6 +120,10 @@ class RequestGuard:
             return
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
+            return
+        if not path.startswith("/v1/"):  # no body is taken there: none is read or kept
+            await self._refuse(scope, send, 404, "Not found",
+                               "requests with a body go to /v1/ only", "not-found")
             return
         self.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix="body-", dir=self.spool_dir)  # mode 0600

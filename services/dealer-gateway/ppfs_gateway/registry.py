@@ -468,6 +468,14 @@ class Registry:
                  c.statement, c.signature, now()),
             )
 
+    def count_consents(self, dataset_id: str, owner_id: str) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*) FROM consents WHERE dataset_id = ? AND owner_id = ?",
+                (dataset_id, owner_id),
+            ).fetchone()
+            return int(row[0])
+
     def consents(self, dataset_id: str) -> list[ConsentRecord]:
         with self._lock:
             rows = self._db.execute(

@@ -164,8 +164,10 @@ class GrantOut(BaseModel):
 
 
 class ConsentCreate(Strict):
-    statement: Base64 = Field(description="canonical JSON consent (ppfs.contract.Consent)")
-    signature: Base64 = Field(description="Ed25519 by the owner over the statement")
+    statement: Base64 = Field(max_length=8192,
+                              description="canonical JSON consent (ppfs.contract.Consent)")
+    signature: Base64 = Field(max_length=128,
+                              description="Ed25519 by the owner over the statement")
 
 
 class ConsentOut(BaseModel):

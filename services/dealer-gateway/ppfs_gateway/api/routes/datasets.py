@@ -29,7 +29,7 @@ from ppfs_gateway.api.schemas import (
     b64decode,
 )
 from ppfs_gateway.core.config import Role
-from ppfs_gateway.errors import Forbidden, InvalidRequest
+from ppfs_gateway.errors import Conflict, Forbidden, InvalidRequest
 from ppfs_gateway.registry import ConsentRecord, DatasetRecord
 from ppfs_gateway.uploads import (
     DatasetCheck,
@@ -39,6 +39,10 @@ from ppfs_gateway.uploads import (
     relay_upload,
     visible_dataset,
 )
+
+# consents one owner may keep for one data set (each a few hundred bytes, relayed with
+# every job on the data set)
+MAX_CONSENTS_PER_OWNER = 1000
 
 router = APIRouter(tags=["datasets"])
 
@@ -232,6 +236,9 @@ def post_consent(
     rec = ConsentRecord(ds.id, c.owner_id, c.recipient,
                         base64.b64encode(c.recipient_public_key).decode(), c.reveal.value,
                         statement, signature)
+    if registry.count_consents(ds.id, c.owner_id) >= MAX_CONSENTS_PER_OWNER:
+        raise Conflict(f"an owner keeps at most {MAX_CONSENTS_PER_OWNER} consents for a data "
+                       "set here")
     registry.add_consent(rec)
     return consent_out(rec)
 
