@@ -9,6 +9,8 @@ import pytest
 from ppfs_cli.main import main
 
 from ppfs import oracle
+from ppfs.engines.mpspdz import MpSpdzEngine
+from ppfs.engines.registry import mpspdz_home
 from ppfs.table import read_csv
 
 GOOD = "a,b,c,d,y\n" + "".join(
@@ -102,3 +104,25 @@ def test_select_json_and_out_on_mpyc(good_csv, tmp_path):
     reduced = read_csv(out, "y")
     assert list(reduced.columns) == res["selected"]
     np.testing.assert_allclose(reduced.x, t.x[:, plain], rtol=0, atol=1e6 * 2.0**-16)
+
+
+_mpspdz_reason = MpSpdzEngine(mpspdz_home()).unavailable_reason()
+
+
+@pytest.mark.mpspdz
+@pytest.mark.skipif(_mpspdz_reason is not None,
+                    reason=f"MP-SPDZ not available: {_mpspdz_reason}")
+def test_select_with_relative_workdir_and_cache_on_mpspdz(good_csv, tmp_path, monkeypatch,
+                                                          capsys):
+    """Relative --workdir and $PPFS_MPSPDZ_CACHE: each party runs with its own directory
+    as cwd, where a relative path would name another place; the run still succeeds."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PPFS_MPSPDZ_CACHE", "cache")
+    rc = main(["select", good_csv.name, "--label", "y", "--k", "2", "--engine", "mp-spdz",
+               "--json", "--workdir", "wd/run"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    t = read_csv(good_csv, "y")
+    plain = oracle.ms_gini_top_k(t.x, t.y, 2, 2)
+    assert json.loads(out)["selected"] == [t.columns[j] for j in plain]
+    assert list((tmp_path / "cache").iterdir())  # the program was compiled there

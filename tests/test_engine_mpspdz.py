@@ -503,6 +503,32 @@ def test_this_build_rejects_a_forged_mac(tmp_path: Path) -> None:
 
 @needs_mpspdz
 @pytest.mark.mpspdz
+def test_parties_in_relative_working_directories(
+    engine: MpSpdzEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a party daemon started with a relative --state-dir hands its engine a relative
+    # working directory (<state>/jobs/<id>/engine): every party still completes, with
+    # its own peak memory, and its share copies are gone
+    monkeypatch.chdir(tmp_path)
+    security = Security.PASSIVE_3PC
+    table = make_table(30, 4, seed=7)
+    prep = prepare_inputs(table, 2, security, Path("inputs"))
+    specs = party_specs(engine, prep.inputs, Path("state") / "jobs" / "j1")
+    assert not any(s.workdir.is_absolute() for s in specs)
+    got = run_every_party(engine, specs)
+    ref = mirror(prep.raw, table.y, prep.inputs.shape)
+    for spec, res in zip(specs, got, strict=True):
+        assert not isinstance(res, BaseException), res
+        assert res.peak_rss_bytes is not None and res.peak_rss_bytes > 1 << 20
+        idx, reduced = unmask(res.opened, prep.mask_words, prep.inputs.shape)
+        np.testing.assert_array_equal(idx, ref.selected)
+        np.testing.assert_array_equal(reduced, ref.reduced)
+        assert not mpspdz.persistence_file(spec.workdir, spec.party).exists()
+    assert _engine_processes(tmp_path / "state") == []  # (this test's own cwd is tmp_path)
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
 def test_altered_component_a_party_does_not_input_changes_nothing(
     engine: MpSpdzEngine, tmp_path: Path
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import stat
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,20 @@ def test_ca_csr_flow_then_serve(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
     asyncio.run(scenario())
 
+
+
+def test_relative_state_dir_is_fixed_where_the_daemon_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `ppfs party serve --state-dir alice` (and `ppfs up`'s default .ppfs): the engines
+    # run each party with its job's directory as cwd, so the daemon's paths are made
+    # absolute once, when its settings are read
+    monkeypatch.chdir(tmp_path)
+    here = Path.cwd()
+    s = PartySettings(state_dir=Path("alice"), index=0, mpspdz_cache=Path("cache"))
+    assert s.state_dir == here / "alice" and s.mpspdz_cache == here / "cache"
+    monkeypatch.chdir("/")
+    assert replace(s, index=1).state_dir == here / "alice"
 
 def test_pki_sign_certifies_only_the_party_it_is_told(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

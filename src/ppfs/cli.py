@@ -245,7 +245,8 @@ def _select(args: argparse.Namespace, table: LabelledTable, source: str = "input
         raise ParameterError(f"--out: directory {args.out.parent} does not exist")
 
     keep = args.workdir is not None
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ppfs-"))
+    # absolute: each engine party runs with its own directory as cwd
+    workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="ppfs-"))).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     try:

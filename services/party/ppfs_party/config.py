@@ -110,6 +110,11 @@ class PartySettings:
     mpc_dial: tuple[MpcDial, ...] = ()
 
     def __post_init__(self) -> None:
+        # absolute once, when read: the engines run each party with its own working
+        # directory as cwd, where a relative path (--state-dir alice) means another place
+        object.__setattr__(self, "state_dir", Path(self.state_dir).absolute())
+        if self.mpspdz_cache is not None:
+            object.__setattr__(self, "mpspdz_cache", Path(self.mpspdz_cache).absolute())
         if not 0 <= self.index < len(PARTY_NAMES):
             raise ParameterError(f"party index must be 0..{len(PARTY_NAMES) - 1}")
         if not 1 <= self.mpc_port_count <= 1000 or self.mpc_port_base + self.mpc_port_count > 65536:

@@ -601,7 +601,8 @@ class MpSpdzEngine:
         peer_view: PeerView | None = None,
     ) -> None:
         self.home = Path(home)
-        self.cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+        # absolute: parties and compiler run with their own directory as cwd
+        self.cache_dir = (cache_dir if cache_dir is not None else default_cache_dir()).absolute()
         self.timeout = timeout
         # embedded runs only: where each party dials its peers (None: where they listen)
         self.peer_view = peer_view
@@ -886,7 +887,9 @@ class MpSpdzEngine:
         binary = str(self._binary(spec.security))
         env = party_env(self.home)
         d = spec.workdir
-        peak_file = d / "peak-rss"
+        # absolute: the launcher opens it from inside d (cwd), where a relative path
+        # would name d/d/peak-rss
+        peak_file = (d / "peak-rss").absolute()
         # launched through ppfs.engines.pdeathsig: it dies with this process, and its
         # launcher reports its peak memory when it ends
         proc = await asyncio.create_subprocess_exec(

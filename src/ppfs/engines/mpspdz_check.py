@@ -192,7 +192,7 @@ async def _run_probe(home: Path, binary: Path, tmp: Path) -> str:
         write_spdzwise_memory(memory_file(d, i), 1, [(own, prev)])
         dirs.append(d)
     runs = await asyncio.gather(*(
-        _run([*pdeathsig.command(), "--peak-rss", str(d / "peak-rss"), str(binary),
+        _run([*pdeathsig.command(), "--peak-rss", str((d / "peak-rss").absolute()), str(binary),
               "-p", str(i), "--ip-file-name", "HOSTS", "-m", "old",
               "-o", "no_memory_output", PROBE], d, party_env(home))
         for i, d in enumerate(dirs)
