@@ -12,7 +12,10 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -593,6 +596,47 @@ def test_failing_party_is_named_and_all_stopped(
     assert info.value.party == "Bob"
     assert "Bob" in str(info.value) and "input file" in str(info.value)
     assert _engine_processes(tmp_path) == []
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+@pytest.mark.parametrize("way", ["run_party", "run_step2a"])
+def test_cancel_while_the_input_is_written_leaves_no_share_copy(
+    way: str, engine: MpSpdzEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a party's input is written in a thread, which a cancel cannot stop: the run's
+    # cleanup waits for it, or the copy written after the cleanup would stay on disk
+    security = Security.PASSIVE_3PC
+    table = make_table(30, 4, seed=7)
+    prep = prepare_inputs(table, 2, security, tmp_path / "inputs")
+    asyncio.run(engine.compile(prep.inputs.shape, security))  # cached before the race
+    real = mpspdz.write_party_input
+    writing = threading.Event()
+
+    def slow_input(*args: Any, **kwargs: Any) -> None:
+        writing.set()
+        time.sleep(0.5)  # as a large input takes its time
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(mpspdz, "write_party_input", slow_input)
+    if way == "run_party":
+        spec = party_specs(engine, prep.inputs, tmp_path / "run")[0]
+        party_dir, run = spec.workdir, engine.run_party(spec)
+    else:
+        party_dir = tmp_path / "run" / "mpspdz" / "P0"
+        run = engine.run_step2a(prep.inputs, tmp_path / "run")
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(run)
+        await asyncio.to_thread(writing.wait, 60)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())  # returns once every thread has ended
+    assert (party_dir / "HOSTS").exists()  # the set-up had begun
+    assert not mpspdz.persistence_file(party_dir, 0).exists()
+    assert not (party_dir / "Player-Data" / "Input-Binary-P0-0").exists()
 
 
 @needs_mpspdz

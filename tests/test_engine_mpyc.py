@@ -6,10 +6,13 @@ Shapes stay small: MPyC spends about 1 ms per comparison element on 2 cores.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from ppfs.engines.base import INPUT_FILES, PartyRunSpec
 from ppfs.engines.mpyc_engine import MpycEngine, free_ports
 from ppfs.engines.mpyc_party import (
     SECINT_BITS,
@@ -35,7 +39,7 @@ from ppfs.errors import EngineError, EngineUnavailableError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.local import prepare_inputs, run_select
 from ppfs.oracle import ms_gini_top_k
-from ppfs.sharing import Scheme, bundles_for_all, share
+from ppfs.sharing import Scheme, ShareBundle, bundles_for_all, share
 from ppfs.step2a import Security, mirror
 from ppfs.synthetic import make_table
 from ppfs.table import LabelledTable
@@ -379,3 +383,37 @@ def test_worker_logs_hold_no_opened_words(tmp_path: Path) -> None:
     for word in sel.run.opened.tolist():
         assert str(word) not in logs
     assert "Traceback" not in logs
+
+
+def test_cancel_while_the_inputs_are_written_leaves_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a party daemon hands the engine its bundles in memory and removes the run's input
+    # directory once the run has ended: a cancelled run ends only after the thread
+    # writing them there has, or they would be written after the removal and stay
+    engine = MpycEngine(timeout=60)
+    prep = prepare_inputs(make_table(12, 3, seed=1), 1, Security.PASSIVE_3PC,
+                          tmp_path / "given")
+    spec = engine._embedded_specs(prep.inputs, [tmp_path / f"P{i}" for i in range(3)])[0]
+    bundles = [ShareBundle.load(spec.input_dir / f) for f in INPUT_FILES]
+    spec = dataclasses.replace(spec, input_dir=tmp_path / "job" / "inputs", bundles=bundles)
+    real = PartyRunSpec.write_input_files
+    writing = threading.Event()
+
+    def slow_write(self: PartyRunSpec) -> None:
+        writing.set()
+        time.sleep(0.5)  # as large bundles take their time
+        real(self)
+
+    monkeypatch.setattr(PartyRunSpec, "write_input_files", slow_write)
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(engine.run_party(spec))
+        await asyncio.to_thread(writing.wait, 60)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        shutil.rmtree(spec.input_dir, ignore_errors=True)  # the daemon's cleanup
+
+    asyncio.run(cancelled())  # returns once every thread has ended
+    assert not spec.input_dir.exists()

@@ -29,11 +29,13 @@ from party_harness import (
     upload_messages,
     watch_to_end,
 )
+from ppfs_party import state as party_state
 from ppfs_party.server import SERVICE_NAME, start_party_server
 
 from ppfs.contract import service_shape
 from ppfs.engines.mpspdz import MpSpdzEngine
 from ppfs.engines.registry import mpspdz_home
+from ppfs.errors import EngineError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.step2a import Security, draw_mask_words, mirror, unmask_all
 from ppfs.synthetic import make_table
@@ -400,5 +402,86 @@ def test_a_queued_job_holds_no_inputs(tmp_path: Path, monkeypatch: pytest.Monkey
                 assert final.state == party_pb2.JOB_STATE_CANCELLED
         finally:
             await srv.stop(0)
+
+    asyncio.run(scenario())
+
+
+# what an MP-SPDZ party's directory may hold of its shares when its run ends early
+# (a set-up thread still writing its input as the run is cancelled)
+ENGINE_SHARE_COPIES = ("Persistence/Transactions-P0.data", "Player-Data/Input-Binary-P0-0",
+                       "Player-Data/Memory-R-P0")
+
+
+class LeavingEngine:
+    """MPyC, whose run leaves share copies in its directory beside its log; then it
+    waits for peers (job j1, until cancelled) or fails (job j2)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    async def run_party(self, spec: Any, progress: Any = None) -> Any:
+        leave(spec.workdir)
+        (spec.workdir / "stderr.log").write_text("the engine's log\n")
+        if spec.workdir.parent.name == "j2":
+            raise EngineError("the engine failed", party=spec.name)
+        return await self.inner.run_party(spec, progress)
+
+
+def leave(party_dir: Path) -> None:
+    for name in ENGINE_SHARE_COPIES:
+        (party_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (party_dir / name).write_bytes(b"share words")
+
+
+def test_a_job_that_ends_keeps_no_share_copy(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """However a job ends (cancelled or failed), what its engine left of its shares is
+    deleted, and a party starting again deletes what an earlier run left; the engine's
+    log stays."""
+    usable = party_state.usable_engines
+    monkeypatch.setattr(party_state, "usable_engines", lambda settings: {
+        n: LeavingEngine(e) for n, e in usable(settings).items()})
+    table = make_table(20, 4, seed=6)
+    dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
+    jobs = dep.settings[0].state_dir / "jobs"
+
+    def left(job_id: str) -> list[str]:
+        return [n for n in ENGINE_SHARE_COPIES if (jobs / job_id / "engine" / n).exists()]
+
+    async def scenario() -> None:
+        srv = await start_party_server(dep.settings[0])
+        try:
+            async with dep.channel(0, srv.port) as ch:
+                stub = party_pb2_grpc.PartyServiceStub(ch)
+                up, masks, rec, _, _ = await _alice_alone(dep, stub, table, 2)
+                for i in (1, 2):
+                    await stub.StartJob(start_requests(describe_job(
+                        f"j{i}", [[up]], mask=masks[i - 1], k=1, security="passive-3pc",
+                        engine="mpyc", recipient_public_key=bytes(rec.box.public_key),
+                        peers=dep.peer_addresses())))
+                    if i == 1:
+                        await _engine_pid(dep, "j1")
+                        await stub.CancelJob(party_pb2.CancelJobRequest(job_id="j1"))
+                final = await watch_to_end(stub, "j2")
+                assert final.state == party_pb2.JOB_STATE_FAILED
+                t0 = time.monotonic()
+                while left("j2"):  # removed once the job has ended
+                    assert time.monotonic() - t0 < 30, left("j2")
+                    await asyncio.sleep(0.05)
+                assert left("j1") == []
+                for job_id in ("j1", "j2"):
+                    assert (jobs / job_id / "engine" / "stderr.log").read_text()
+                    assert not (jobs / job_id / "inputs").exists()
+        finally:
+            await srv.stop(0)
+        # copies an earlier run left behind are deleted when the party starts again
+        leave(jobs / "j1" / "engine")
+        srv = await start_party_server(dep.settings[0])
+        await srv.stop(0)
+        assert left("j1") == []
 
     asyncio.run(scenario())

@@ -31,7 +31,9 @@ cancelled (a tombstone): a later StartJob with that id is refused. Each job has 
 working directory ``<state>/jobs/<job_id>/`` with the engine's directory (and the
 job's inputs, this party's share components assembled locally, for an engine that
 reads them in another process); the opened masked words are kept in ``opened.u64``
-until fetched.
+until fetched. However a job ends, its inputs and the engine's copies of share data
+(ppfs.engines.registry.remove_share_copies) are deleted; the engine's logs and status
+stay.
 
 Peers are dialled at the addresses the job lists for them, unless the daemon was
 told otherwise (``--mpc-dial``, :class:`ppfs_party.config.MpcDial`: a relay or a NAT
@@ -76,6 +78,7 @@ from ppfs.contract import (
 from ppfs.contract import seal_result as seal_result_part
 from ppfs.durable import write_durable
 from ppfs.engines.base import Engine, PartyRunResult, PartyRunSpec, PartyTls, ProgressNote
+from ppfs.engines.registry import remove_share_copies
 from ppfs.errors import EngineUnavailableError, ParameterError, PpfsError
 from ppfs.step2a import Security, Step2AShape
 from ppfs.v1 import party_pb2
@@ -200,7 +203,9 @@ class JobRunner:
                 rec.failure = FailureKind.RESTARTED.value
                 self._save(rec)
                 self.audit.record("job.failed", job_id=rec.job_id, reason=rec.error)
-                self._remove_inputs(rec.job_id)
+            # every job, not only the unfinished: one may have ended under a version
+            # that left the engine's copies behind
+            self._remove_share_copies(rec.job_id)
             self._records[rec.job_id] = rec
             self._consent_uses.update(rec.spent_consents)
 
@@ -447,7 +452,7 @@ class JobRunner:
                               failure=FailureKind.OWN.value)
         finally:
             self._tasks.pop(job_id, None)
-            await asyncio.to_thread(self._remove_inputs, job_id)
+            await asyncio.to_thread(self._remove_share_copies, job_id)
 
     @staticmethod
     def _phase(rec: JobRecord, message: str) -> dict[str, object]:
@@ -462,9 +467,12 @@ class JobRunner:
                     frac = max(frac, value)
         return {"phase": text[:80], "progress": min(frac, 0.99)}
 
-    def _remove_inputs(self, job_id: str) -> None:
-        """The job's copies of share components are not kept once it ends."""
-        shutil.rmtree(self.jobs_dir / job_id / "inputs", ignore_errors=True)
+    def _remove_share_copies(self, job_id: str) -> None:
+        """The job's copies of share components are not kept once it ends: its inputs,
+        and what the engine's run left of them in its directory (its logs stay)."""
+        job_dir = self.jobs_dir / job_id
+        shutil.rmtree(job_dir / "inputs", ignore_errors=True)
+        remove_share_copies(job_dir / "engine")
 
     # -------------------------------------------------------------- cancel
     async def cancel(self, job_id: str, reason: str = "cancelled") -> tuple[JobRecord, bool]:

@@ -15,10 +15,12 @@ daemon does, with the peers' MPC addresses and the deployment's TLS material in 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -45,6 +47,27 @@ class ProgressNote(str):
         note = super().__new__(cls, text)
         note.fraction = min(1.0, max(0.0, fraction))
         return note
+
+
+_T = TypeVar("_T")
+
+
+async def to_thread_to_the_end(func: Callable[..., _T], *args: Any) -> _T:
+    """``await asyncio.to_thread(func, *args)``, except that a cancelled caller waits
+    for the thread to finish before its cancellation goes on.
+
+    A thread cannot be stopped: one writing a party's share copy would otherwise go on
+    writing after the caller's cleanup had removed it, and leave the copy behind."""
+    fut = asyncio.ensure_future(asyncio.to_thread(func, *args))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        while not fut.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({fut})
+        if not fut.cancelled():
+            fut.exception()  # the caller sees its cancellation, not the thread's error
+        raise
 
 
 Address = tuple[str, int]

@@ -79,6 +79,7 @@ from ppfs.engines.base import (
     Progress,
     ProgressNote,
     Step2AInputs,
+    to_thread_to_the_end,
 )
 from ppfs.engines.mpspdz_check import (
     check_spdzwise,
@@ -822,10 +823,12 @@ class MpSpdzEngine:
             progress("preparing the parties' working directories, keys and inputs")
         t_setup = time.perf_counter()
         try:
-            specs = await asyncio.to_thread(self._embedded_specs, inputs, dirs)
+            # a cancel waits for the set-up in hand: its cleanup must come after its writes
+            specs = await to_thread_to_the_end(self._embedded_specs, inputs, dirs)
             hashed: dict[Path, str] = {}
             for spec in specs:
-                await asyncio.to_thread(self._setup_party, spec, programs, name, digest, hashed)
+                await to_thread_to_the_end(self._setup_party, spec, programs, name, digest,
+                                           hashed)
             if progress:
                 progress(
                     f"starting {security.parties} MP-SPDZ parties ({PROTOCOLS[security].binary})"
@@ -839,7 +842,8 @@ class MpSpdzEngine:
             await self._supervise(parties)
             opened = _read_opened(dirs, shape)
         finally:
-            _remove_share_copies(dirs)
+            for d in dirs:
+                remove_share_copies(d)
         stats = [
             PartyStats(
                 party=p.name,
@@ -921,7 +925,8 @@ class MpSpdzEngine:
         if progress:
             progress("preparing the working directory and input")
         try:
-            await asyncio.to_thread(self._setup_party, spec, programs, name, digest)
+            # a cancel waits for the set-up: its cleanup must come after the input's writes
+            await to_thread_to_the_end(self._setup_party, spec, programs, name, digest)
             if progress:
                 progress(f"starting MP-SPDZ party {spec.party} ({PROTOCOLS[security].binary})")
             t0 = time.perf_counter()
@@ -932,7 +937,7 @@ class MpSpdzEngine:
             await self._supervise([party], timeout)
             opened = read_party_output(output_file(spec.workdir, spec.party), spec.party, shape)
         finally:
-            _remove_share_copies([spec.workdir], first=spec.party)
+            remove_share_copies(spec.workdir)
         if progress:
             progress("secure computation done")
         return PartyRunResult(
@@ -1109,12 +1114,17 @@ async def _stop_all(parties: Sequence[_Party]) -> None:
             await asyncio.wait_for(p.drains, 10)
 
 
-def _remove_share_copies(dirs: Sequence[Path], first: int = 0) -> None:
-    """Delete the engine's copies of share data (input files; memory dumps if any)."""
-    for i, d in enumerate(dirs, start=first):
-        pdata = d / "Player-Data"
-        for f in [pdata / f"Input-Binary-P{i}-0", *pdata.glob("Memory-*"),
-                  persistence_file(d, i)]:
+# What a party's working directory holds of its shares while it runs: its input file,
+# its persisted shares (passive 3PC) and its memory file (active 3PC).
+SHARE_COPIES = ("Player-Data/Input-Binary-P*", "Player-Data/Memory-*",
+                "Persistence/Transactions-P*.data")
+
+
+def remove_share_copies(party_dir: Path) -> None:
+    """Delete MP-SPDZ's copies of share data in one party's working directory; its
+    logs, certificates and (masked) output stay."""
+    for pattern in SHARE_COPIES:
+        for f in party_dir.glob(pattern):
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()
 
@@ -1210,6 +1220,7 @@ __all__ = [
     "compile_command",
     "default_cache_dir",
     "program_name",
+    "remove_share_copies",
     "subject_hash",
     "write_party_input",
 ]

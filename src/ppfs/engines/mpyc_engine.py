@@ -51,6 +51,7 @@ from ppfs.engines.base import (
     PeerView,
     Progress,
     Step2AInputs,
+    to_thread_to_the_end,
 )
 from ppfs.engines.mpyc_party import (
     DEFAULT_CHUNK,
@@ -258,7 +259,9 @@ class MpycEngine:
         if timeout is None:
             timeout = self.timeout if self.timeout is not None else default_timeout(
                 shape, security.parties)
-        await asyncio.to_thread(self._prepare_party, spec, timeout)
+        # a cancel waits for the preparation: it writes the party's input files, which
+        # the caller removes once the run is over
+        await to_thread_to_the_end(self._prepare_party, spec, timeout)
         if progress:
             progress(f"mpyc: starting party {spec.party} ({security.value})")
         t0 = time.monotonic()

@@ -52,6 +52,15 @@ def get_engine(name: str) -> Engine:
     )
 
 
+def remove_share_copies(party_dir: Path) -> None:
+    """Delete what any engine's run may have left of a party's share data in
+    ``party_dir``, that party's working directory for the run; its logs and status stay.
+    (MPyC keeps none there: its worker reads the run's input directory.)"""
+    from ppfs.engines.mpspdz import remove_share_copies as mpspdz_copies
+
+    mpspdz_copies(party_dir)
+
+
 def engine_unavailable_reason(name: str) -> str | None:
     try:
         return get_engine(name).unavailable_reason()
