@@ -1,6 +1,7 @@
 """The CLI's main job: bad input is refused in one line with exit code 2, nothing started."""
 
 import json
+import stat
 import subprocess
 import sys
 
@@ -126,3 +127,21 @@ def test_select_with_relative_workdir_and_cache_on_mpspdz(good_csv, tmp_path, mo
     plain = oracle.ms_gini_top_k(t.x, t.y, 2, 2)
     assert json.loads(out)["selected"] == [t.columns[j] for j in plain]
     assert list((tmp_path / "cache").iterdir())  # the program was compiled there
+
+
+def test_kept_workdir_is_readable_by_its_user_alone(good_csv, tmp_path, capsys):
+    """--workdir keeps every party's shares and the recipient's masks: the folder (one
+    that existed too), each party's folders and every share file are the user's alone."""
+    work = tmp_path / "w"
+    work.mkdir(mode=0o755)
+    work.chmod(0o755)
+    rc = main(["select", str(good_csv), "--label", "y", "--k", "2", "--engine", "mpyc",
+               "--workdir", str(work)])
+    assert rc == 0, capsys.readouterr().err
+    assert stat.S_IMODE(work.stat().st_mode) == 0o700
+    shares = sorted(work.glob("p*/inputs/*.shr"))
+    assert len(shares) == 9  # data, labels and mask of each of three parties
+    for f in shares:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+        for d in (f.parent, f.parent.parent):
+            assert stat.S_IMODE(d.stat().st_mode) == 0o700, d

@@ -92,6 +92,7 @@ def _check(table: LabelledTable, k: int, security: Security, engine: MpSpdzEngin
         assert not (pdata / f"Input-Binary-P{i}-0").exists()
         assert not list(pdata.glob("Memory-*"))
         assert not mpspdz.persistence_file(tmp / "mpspdz" / f"P{i}", i).exists()
+        assert not list(pdata.glob("*/Player-MAC-Keys-*"))  # active 3PC's MAC key shares
     assert _engine_processes(tmp) == []
 
 

@@ -409,7 +409,7 @@ def test_a_queued_job_holds_no_inputs(tmp_path: Path, monkeypatch: pytest.Monkey
 # what an MP-SPDZ party's directory may hold of its shares when its run ends early
 # (a set-up thread still writing its input as the run is cancelled)
 ENGINE_SHARE_COPIES = ("Persistence/Transactions-P0.data", "Player-Data/Input-Binary-P0-0",
-                       "Player-Data/Memory-R-P0")
+                       "Player-Data/Memory-R-P0", "Player-Data/3-SYMR-64/Player-MAC-Keys-MR-P0")
 
 
 class LeavingEngine:

@@ -144,7 +144,8 @@ def _job_args(
         "--workdir",
         type=Path,
         default=None,
-        help="keep the parties' working directories here (they hold shares and keys)",
+        help="keep the parties' working directories here (they hold shares and keys: "
+        "made readable by you alone)",
     )
 
 
@@ -247,7 +248,9 @@ def _select(args: argparse.Namespace, table: LabelledTable, source: str = "input
     keep = args.workdir is not None
     # absolute: each engine party runs with its own directory as cwd
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="ppfs-"))).absolute()
-    workdir.mkdir(parents=True, exist_ok=True)
+    # the parties' shares, masks and keys: for this user alone, a kept --workdir too
+    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    workdir.chmod(0o700)
     t0 = time.monotonic()
     try:
         with _ProgressDisplay(enabled=sys.stderr.isatty() and not args.json) as show:

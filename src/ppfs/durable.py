@@ -3,6 +3,7 @@
 ``write_durable`` is how every state file is written: a reader sees the old file or
 the whole new one, never a torn write, and the new one survives a crash once the
 call returns. ``write_atomic`` is the same without the sync, for a run's scratch files.
+Both write files readable by their owner only (0600).
 
 ``free_ports`` asks the kernel for free ports (from the ephemeral range);
 ``free_port_ranges`` picks runs of consecutive ports below that range, for listeners
@@ -54,7 +55,10 @@ def write_atomic_parts(path: Path, parts: Iterable[bytes | memoryview]) -> None:
 def _write_replace(path: Path, parts: Iterable[bytes | memoryview], *, sync: bool) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        with open(tmp, "wb") as fh:
+        # 0600: what is written here is a party's state or its share of someone's data,
+        # for the user that runs it alone, whatever the umask and the folder
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(fd, "wb") as fh:
             for part in parts:
                 fh.write(part)
             if sync:

@@ -82,8 +82,10 @@ def prepare_inputs(
     dirs = tuple(
         root / f"p{i}-{PARTY_NAMES[i].lower()}" / "inputs" for i in range(security.parties)
     )
-    for d in dirs:
-        d.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    for d in dirs:  # the party's own folders: for the user that runs it alone
+        d.parent.mkdir(mode=0o700, exist_ok=True)
+        d.mkdir(mode=0o700, exist_ok=True)
     for kind, matrix, frac in (
         ("data", raw, fp.frac_bits),
         ("labels", table.one_hot(), 0),

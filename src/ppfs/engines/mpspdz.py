@@ -1115,9 +1115,10 @@ async def _stop_all(parties: Sequence[_Party]) -> None:
 
 
 # What a party's working directory holds of its shares while it runs: its input file,
-# its persisted shares (passive 3PC) and its memory file (active 3PC).
+# its persisted shares (passive 3PC), its memory file and the shares of the MAC keys
+# MP-SPDZ writes itself (active 3PC).
 SHARE_COPIES = ("Player-Data/Input-Binary-P*", "Player-Data/Memory-*",
-                "Persistence/Transactions-P*.data")
+                "Persistence/Transactions-P*.data", "Player-Data/*/Player-MAC-Keys-*")
 
 
 def remove_share_copies(party_dir: Path) -> None:
