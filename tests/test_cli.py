@@ -1,17 +1,22 @@
 """The CLI's main job: bad input is refused in one line with exit code 2, nothing started."""
 
 import json
+import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 from ppfs_cli.main import main
+from procs import processes_in
 
 from ppfs import oracle
 from ppfs.engines.mpspdz import MpSpdzEngine
 from ppfs.engines.registry import mpspdz_home
+from ppfs.synthetic import make_table
 from ppfs.table import read_csv
 
 GOOD = "a,b,c,d,y\n" + "".join(
@@ -145,3 +150,41 @@ def test_kept_workdir_is_readable_by_its_user_alone(good_csv, tmp_path, capsys):
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
         for d in (f.parent, f.parent.parent):
             assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_terminated_select_removes_its_shares_and_keys(sig, tmp_path):
+    """Ended by SIGTERM (timeout, a CI cancel, systemd) or SIGHUP mid-run, `ppfs select`
+    still stops its parties and removes its temporary directory, which holds every
+    party's shares and TLS key."""
+    table = make_table(300, 40, seed=4)  # about 10 s of MPyC comparisons
+    data = tmp_path / "data.csv"
+    data.write_text("".join(
+        ",".join(row) + "\n" for row in [
+            [*table.columns, "y"],
+            *([*(repr(float(v)) for v in x), table.classes[int(c)]]
+              for x, c in zip(table.x, table.y, strict=True))]))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ppfs_cli", "select", str(data), "--label", "y", "--k", "2",
+         "--engine", "mpyc"],
+        env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp.glob("ppfs-*/mpyc/P*/worker.pid"))) < 3:  # every party runs
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert list(tmp.glob("ppfs-*/p*/inputs/data.shr"))
+        proc.send_signal(sig)
+        assert proc.wait(60) == 128 + sig
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert list(tmp.iterdir()) == []
+    deadline = time.monotonic() + 10
+    while processes_in(tmp):  # the parties' workers went with it
+        assert time.monotonic() < deadline, processes_in(tmp)
+        time.sleep(0.1)

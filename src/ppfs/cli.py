@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -246,39 +250,64 @@ def _select(args: argparse.Namespace, table: LabelledTable, source: str = "input
         raise ParameterError(f"--out: directory {args.out.parent} does not exist")
 
     keep = args.workdir is not None
-    # absolute: each engine party runs with its own directory as cwd
-    workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="ppfs-"))).absolute()
-    # the parties' shares, masks and keys: for this user alone, a kept --workdir too
-    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    workdir.chmod(0o700)
-    t0 = time.monotonic()
-    try:
-        with _ProgressDisplay(enabled=sys.stderr.isatty() and not args.json) as show:
-            selection = asyncio.run(
-                run_select(table, args.k, security, engine, workdir, fixed_point=fp,
-                           progress=show, train=train, reveal_reduced=reveal_reduced,
-                           scorer=scorer)
-            )
-    except (InputDataError, RangeAbortError) as exc:
-        # data out of the range the encoding carries: refused by the owner's side
-        # before sharing, or stopped by a range check inside MPC (one public bit)
-        print(f"ppfs: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except EngineError as exc:
-        who = f" (party {exc.party})" if exc.party else ""
-        print(f"ppfs: error: secure run failed{who}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except PpfsError as exc:
-        print(f"ppfs: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    finally:
-        if not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+    with _terminating_signals_exit():
+        # absolute: each engine party runs with its own directory as cwd
+        workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="ppfs-"))).absolute()
+        # the parties' shares, masks and keys: for this user alone, a kept --workdir too
+        workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        workdir.chmod(0o700)
+        t0 = time.monotonic()
+        try:
+            with _ProgressDisplay(enabled=sys.stderr.isatty() and not args.json) as show:
+                selection = asyncio.run(
+                    run_select(table, args.k, security, engine, workdir, fixed_point=fp,
+                               progress=show, train=train, reveal_reduced=reveal_reduced,
+                               scorer=scorer)
+                )
+        except (InputDataError, RangeAbortError) as exc:
+            # data out of the range the encoding carries: refused by the owner's side
+            # before sharing, or stopped by a range check inside MPC (one public bit)
+            print(f"ppfs: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except EngineError as exc:
+            who = f" (party {exc.party})" if exc.party else ""
+            print(f"ppfs: error: secure run failed{who}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        except PpfsError as exc:
+            print(f"ppfs: error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        finally:
+            if not keep:
+                shutil.rmtree(workdir, ignore_errors=True)
     seconds = time.monotonic() - t0
     if args.out is not None:
         _write_reduced(args.out, table, selection)
     _report(args, selection, seconds, table, read_seconds)
     return 0
+
+
+@contextlib.contextmanager
+def _terminating_signals_exit() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise SystemExit (exit code 128 + the signal) inside, as Ctrl-C
+    raises KeyboardInterrupt, so that the run's cleanup runs: the engines stop their
+    parties and the temporary directory, which holds every party's shares and keys, is
+    removed. A second such signal is ignored while that cleanup runs; the previous
+    handlers come back on the way out."""
+    previous: dict[signal.Signals, Any] = {}
+
+    def stop(signum: int, frame: object) -> None:
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def _train_params(args: argparse.Namespace) -> TrainParams | None:
