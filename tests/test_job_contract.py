@@ -277,8 +277,15 @@ def test_job_runs_only_on_the_uploads_it_pins(tmp_path: Path) -> None:
         bad.outputs = JobContract.from_proto(bad).outputs
         why = await _refusal(w.stubs[0], bad)
         assert "m=12" in why and "m=13" in why
+        # one upload pinned three times (its rows stacked again, m to match): each party
+        # refuses, though the recipient's signed request names the data set only
+        again = w.job("j-again", [[w.data, w.data, w.data]], mask)
+        assert again.m == 36
+        for stub in w.stubs:
+            why = await _refusal(stub, again)
+            assert "the job pins upload 'up-1' of data set 'ds' more than once" in why, why
         refused = {e["job_id"] for e in w.audit(0) if e["event"] == "job.refused"}
-        assert {"j-missing", "j-m"} <= refused
+        assert {"j-missing", "j-m", "j-again"} <= refused
         assert {"j-pins"} <= {e["job_id"] for e in w.audit(1) if e["event"] == "job.refused"}
 
     _run(tmp_path, scenario)

@@ -98,6 +98,11 @@ def pinned_plan(store: ShareStore, job: JobContract, party_name: str
     for ds in job.datasets:
         held = {u.manifest.upload_id: u for u in store.held_uploads(ds.dataset_id)}
         named = {u.upload_id for u in ds.uploads}
+        pins = [u.upload_id for u in ds.uploads]
+        for twice in sorted({i for i in pins if pins.count(i) > 1}):
+            # its rows would be stacked again: another owner's weight, another m
+            problems.append(f"the job pins upload {twice!r} of data set {ds.dataset_id!r} "
+                            "more than once")
         ups = []
         for pin in ds.uploads:
             u = held.get(pin.upload_id)
