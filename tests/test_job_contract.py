@@ -291,6 +291,70 @@ def test_job_runs_only_on_the_uploads_it_pins(tmp_path: Path) -> None:
     _run(tmp_path, scenario)
 
 
+def test_a_job_id_names_one_job_and_a_refused_one_is_not_kept(tmp_path: Path) -> None:
+    """A job's id names its record and its directory side by side, so an id such as
+    'j.json' (whose directory would be job 'j''s record) is refused; a job whose record
+    cannot be written is not known afterwards, and its masks stay unspent."""
+    async def scenario(w: World) -> None:
+        mask, _ = w.masks(w.shape(), "mask-1", 1)
+        await w.put(mask)
+        for stub in w.stubs:
+            why = await _refusal(stub, w.job("j.json", [[w.data]], mask))
+            assert "job id must be" in why, why
+        blocked = w.dep.settings[0].state_dir / "jobs" / "j-blocked.json"
+        blocked.mkdir(parents=True)  # where Alice would write the record
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await w.stubs[0].StartJob(start_requests(w.job("j-blocked", [[w.data]], mask)))
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await w.stubs[0].GetJob(party_pb2.GetJobRequest(job_id="j-blocked"))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        ok = w.job("j-ok", [[w.data]], mask)
+        for stub in w.stubs:
+            await stub.StartJob(start_requests(ok))  # the same masks: not spent above
+        for stub in w.stubs:
+            await stub.CancelJob(party_pb2.CancelJobRequest(job_id="j-ok"))
+
+    _run(tmp_path, scenario)
+
+
+def test_tombstones_of_unseen_ids_are_bounded(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel of a job, or an abort of an upload, that a party never received is
+    remembered (so that the job or part is refused if it arrives later), up to a bound:
+    beyond it the party refuses, keeping its disk; known ones are still cancelled."""
+    import ppfs_party.jobs as jobs
+    import ppfs_party.store as store
+
+    monkeypatch.setattr(jobs, "MAX_TOMBSTONES", 3)
+    monkeypatch.setattr(store, "MAX_TOMBSTONES", 3)
+
+    async def scenario(w: World) -> None:
+        s = w.stubs[0]
+        for i in range(3):
+            await s.CancelJob(party_pb2.CancelJobRequest(job_id=f"never-{i}"))
+            await s.AbortUpload(party_pb2.UploadDecisionRequest(dataset_id="ds",
+                                                         upload_id=f"never-{i}"))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await s.CancelJob(party_pb2.CancelJobRequest(job_id="never-3"))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "at most 3 jobs cancelled before they started" in (info.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await s.AbortUpload(party_pb2.UploadDecisionRequest(dataset_id="ds",
+                                                                upload_id="never-3"))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        jobs_dir = w.dep.settings[0].state_dir / "jobs"
+        assert sorted(p.name for p in jobs_dir.glob("never-*.json")) == [
+            f"never-{i}.json" for i in range(3)]
+        # a remembered one is still refused when it arrives
+        mask, _ = w.masks(w.shape(), "mask-1", 1)
+        await w.put(mask)
+        why = await _refusal(s, w.job("never-0", [[w.data]], mask))
+        assert "cancelled" in why, why
+
+    _run(tmp_path, scenario)
+
+
 def test_a_data_sets_uploads_run_only_in_their_owners_signed_order(tmp_path: Path) -> None:
     """The job's writer (the gateway) cannot restack a data set's rows: every party
     requires its uploads in the order their owners signed (creation time, then id)."""

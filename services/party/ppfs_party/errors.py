@@ -43,6 +43,11 @@ class UploadTooLargeError(UploadRejected):
     """The sealed part exceeds this party's size limit."""
 
 
+class TombstonesFullError(PartyError):
+    """An id this party never saw would be remembered (cancelled or aborted) beyond the
+    number it keeps."""
+
+
 class JobConflictError(PartyError):
     """The job id is taken, or the job is not in a state that allows the call."""
 
@@ -71,6 +76,7 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     UploadUnauthorizedError: grpc.StatusCode.PERMISSION_DENIED,
     CallerNotGatewayError: grpc.StatusCode.PERMISSION_DENIED,
     UploadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    TombstonesFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     JobConflictError: grpc.StatusCode.FAILED_PRECONDITION,
     UploadDecisionError: grpc.StatusCode.FAILED_PRECONDITION,
     NotReadyError: grpc.StatusCode.FAILED_PRECONDITION,

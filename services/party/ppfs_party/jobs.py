@@ -89,11 +89,12 @@ from ppfs_party.errors import (
     DescriptionMismatchError,
     JobConflictError,
     NotFoundError,
+    TombstonesFullError,
     to_status,
 )
 from ppfs_party.keys import PartyKeys, fingerprint
 from ppfs_party.metrics import PartyMetrics
-from ppfs_party.store import ShareStore, check_id
+from ppfs_party.store import MAX_TOMBSTONES, ShareStore, check_job_id
 
 log = logging.getLogger("ppfs.party")
 
@@ -295,7 +296,7 @@ class JobRunner:
             raise DescriptionMismatchError(
                 "the job description does not match its SHA-256: parties would run different jobs"
             )
-        job_id = check_id(desc.job_id, "job id")
+        job_id = check_job_id(desc.job_id)
         known = self._records.get(job_id)
         if known is not None:
             if known.tombstone:
@@ -352,8 +353,8 @@ class JobRunner:
                       "classes": list(verified.classes)},
             spent_consents=spent,
         )
+        self._save(rec)  # durable before it is known, the use counted or the job answered
         self._records[job_id] = rec
-        self._save(rec)  # durable before the use is counted or the job answered
         self._consent_uses.update(spent)
         return rec, job, engine
 
@@ -479,17 +480,22 @@ class JobRunner:
         """Stop the job (its engine process is killed). A job not known yet is recorded
         as cancelled, so its StartJob is refused when it arrives; returns (record,
         whether it was such a tombstone)."""
-        job_id = check_id(job_id, "job id")
+        job_id = check_job_id(job_id)
         async with self._start_lock:  # a start in progress completes first
             rec = self._records.get(job_id)
             if rec is None:
+                if sum(not r.description_hex for r in self._records.values()) \
+                        >= MAX_TOMBSTONES:
+                    raise TombstonesFullError(
+                        f"this party keeps at most {MAX_TOMBSTONES} jobs cancelled before "
+                        "they started; a cancel of a job it never received is refused")
                 rec = JobRecord(
                     job_id=job_id, description_hex="", description_sha256="", engine="",
                     security="", state=CANCELLED, phase="cancelled before it started",
                     failure=FailureKind.CANCELLED.value, created_at=_now(),
                 )
-                self._records[job_id] = rec
                 self._save(rec)
+                self._records[job_id] = rec
                 self.audit.record("job.cancel", job_id=job_id, reason=reason,
                                   outcome="remembered before start")
                 return rec, True

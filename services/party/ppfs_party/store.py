@@ -55,6 +55,7 @@ from ppfs.upload import Manifest, UploadRejected, open_sealed, unpack_bundles, v
 from ppfs_party.audit import AuditLog
 from ppfs_party.errors import (
     NotFoundError,
+    TombstonesFullError,
     UploadDecisionError,
     UploadReplayedError,
     UploadTooLargeError,
@@ -64,12 +65,27 @@ from ppfs_party.errors import (
 log = logging.getLogger("ppfs.party")
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# ids remembered as aborted (uploads) or cancelled before they started (jobs) without
+# this party having seen them: each a file read at every start, so a bound on the
+# gateway's ability to fill the party's disk with them
+MAX_TOMBSTONES = 10_000
 KIND_SETS = ({"data"}, {"data", "labels"}, {"mask"})
 
 
 def check_id(value: str, what: str) -> str:
     if not SAFE_ID.match(value):
         raise ParameterError(f"{what} must be 1-128 characters of letters, digits, '.', '_', '-'")
+    return value
+
+
+# a job's id names its record (``<id>.json``) and its directory (``<id>/``) side by side,
+# so it holds no '.': job 'J.json' would work in job 'J''s record
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+
+
+def check_job_id(value: str) -> str:
+    if not JOB_ID.match(value):
+        raise ParameterError("job id must be 1-128 characters of letters, digits, '_', '-'")
     return value
 
 
@@ -294,6 +310,12 @@ class ShareStore:
             if upload_id in self._uploads:
                 raise UploadDecisionError(
                     f"upload {upload_id!r} is committed on this party; it is not aborted")
+            if (upload_id not in self._aborted and upload_id not in self._staged
+                    and upload_id not in self._inflight
+                    and len(self._aborted) >= MAX_TOMBSTONES):
+                raise TombstonesFullError(
+                    f"this party keeps at most {MAX_TOMBSTONES} aborted upload ids; an "
+                    "abort of an upload it never received is refused")
             if upload_id not in self._aborted:
                 # the tombstone first: from then on the id is refused, crash or not
                 try:
