@@ -5,6 +5,7 @@
 - A credential in a query string is refused and appears in no log.
 - The state directory and the registry are the gateway's alone; accepted bodies are
   spooled to a private file that is gone afterwards.
+- Request methods nobody defined add no metric series.
 """
 
 from __future__ import annotations
@@ -204,6 +205,26 @@ def test_query_string_token_is_refused_and_never_logged(gateway: GatewayProcess)
     for f in gateway.state_dir.rglob("*"):
         if f.is_file():
             assert gateway.token.encode() not in f.read_bytes(), f
+
+
+def _method_labels(gateway: GatewayProcess) -> set[str]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(gateway.url + "/metrics",
+                  headers={"Authorization": f"Bearer {gateway.token}"})
+    assert r.status_code == 200
+    return {s.labels["method"] for fam in text_string_to_metric_families(r.text)
+            for s in fam.samples if "method" in s.labels}
+
+
+def test_unknown_methods_add_no_metric_series(gateway: GatewayProcess) -> None:
+    with httpx.Client() as http:
+        for i in range(20):
+            assert http.request(f"X{i:06d}", gateway.url + "/v1/jobs").status_code in (401, 405)
+        http.request("get", gateway.url + "/healthz")  # a method is case-sensitive
+    labels = _method_labels(gateway)
+    assert labels <= {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "other"}
+    assert "other" in labels and "GET" in labels
 
 
 def _emptied(spool: Path) -> bool:

@@ -53,6 +53,9 @@ DURATION_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3
 BYTES_BUCKETS = tuple(float(4**i) * 1024 for i in range(13))  # 1 KiB .. 16 GiB
 HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+# the method label's values: the server accepts any token as a method, and a label
+# value per token sent would let any client, even one without a token, grow the series
+HTTP_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 
 
 def _parse(ts: str) -> float:
@@ -220,6 +223,8 @@ class MetricsMiddleware:
     def _record(self, scope: Scope, status: int, body: bytes, seconds: float) -> None:
         m = self.metrics
         method = str(scope.get("method", ""))
+        if method not in HTTP_METHODS:
+            method = "other"
         route = getattr(scope.get("route"), "path", None)
         path = str(scope.get("path", ""))
         if route is None:
