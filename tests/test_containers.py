@@ -212,8 +212,10 @@ def test_compose_config(which: str, engine: str, tmp_path: Path) -> None:
             for p in svc["ports"]:
                 if isinstance(p, dict):
                     pairs.add((int(p["published"]), int(p["target"])))
+                    assert p.get("host_ip") == "127.0.0.1", p  # not every interface
                 else:
-                    host, _, target = str(p).rpartition(":")
+                    assert str(p).startswith("127.0.0.1:"), p  # not every interface
+                    host, _, target = str(p).removesuffix("/tcp").rpartition(":")
                     hs = [int(x) for x in host.split(":")[-1].split("-")]
                     ts = [int(x) for x in target.split("-")]
                     hs, ts = list(range(hs[0], hs[-1] + 1)), list(range(ts[0], ts[-1] + 1))
@@ -597,3 +599,31 @@ def test_compose_end_to_end(deployment: tuple) -> None:
     print(f"\n[test_containers] {which} ({svc.engine}) flow in "
           f"{time.monotonic() - t_start:.0f} s: first job {t_small:.0f} s, failed "
           f"{took:.0f} s after the stop, job after the restart {time.monotonic() - t_again:.0f} s")
+
+
+@pytest.mark.parametrize("made_here", [True, False], ids=["keys-in-secret", "own-keys"])
+def test_party_entrypoint_links_what_the_secret_holds(tmp_path: Path, made_here: bool) -> None:
+    """The party image's entrypoint links the secret folder's certs/ (and keys/ where they
+    were made for the party on one host) into the state volume and takes owners.json; a
+    party that made its own keys in the volume keeps them: only certs/ arrive."""
+    script = (ROOT / "deploy" / "docker" / "party-entrypoint.sh").read_text()
+    assert script.count("exec /opt/ppfs/bin/ppfs ") == 1
+    entry = tmp_path / "entry.sh"
+    entry.write_text(script.replace("exec /opt/ppfs/bin/ppfs ", "exec true "))
+    secrets, state = tmp_path / "secrets", tmp_path / "state"
+    (secrets / "certs").mkdir(parents=True)
+    (secrets / "certs" / "control.pem").write_text("cert")
+    (secrets / "owners.json").write_text("{}")
+    if made_here:
+        (secrets / "keys").mkdir()
+        (secrets / "keys" / "box.key").write_text("from the secret")
+    else:
+        (state / "keys").mkdir(parents=True)
+        (state / "keys" / "box.key").write_text("made by the party")
+    subprocess.run(["sh", str(entry), "party", "serve"], check=True, timeout=30, env={
+        **os.environ, "PPFS_STATE_DIR": str(state), "PPFS_SECRETS_DIR": str(secrets)})
+    assert (state / "certs").resolve() == (secrets / "certs").resolve()
+    assert (state / "owners.json").read_text() == "{}"
+    assert (state / "keys").is_symlink() is made_here
+    assert (state / "keys" / "box.key").read_text() == (
+        "from the secret" if made_here else "made by the party")
