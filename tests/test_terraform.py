@@ -191,9 +191,38 @@ def test_gateway_nsg_allows_https_only_from_allowed_cidrs() -> None:
     deny = rules["gateway_deny"]
     assert deny["access"] == "Deny" and deny["source_address_prefix"] == "*"
     assert all(r["priority"] < deny["priority"] for r in allows.values())
-    # 0.0.0.0/0 is refused by validation
+    # 0.0.0.0/0 is refused by validation (by prefix length: test_cidr_validations_...)
     cidr_checks = [v["condition"] for v in _blocks("variable")["allowed_https_cidrs"]["validation"]]
-    assert any('0.0.0.0/0' in c for c in cidr_checks)
+    assert any("split(\"/\", c)[1]" in c for c in cidr_checks)
+
+
+@pytest.mark.parametrize("variable", ["allowed_https_cidrs", "ssh_allowed_cidrs"])
+def test_cidr_validations_refuse_the_whole_internet_however_spelled(
+    variable: str, tmp_path: Path
+) -> None:
+    """The variable's validations, evaluated by Terraform itself on each value: 0.0.0.0/0,
+    0.0.0.0/00 and a /0 typo are all the whole Internet and refused; client networks pass."""
+    terraform = shutil.which("terraform")
+    if terraform is None:
+        pytest.skip("terraform is not on PATH (the conditions are still parsed above)")
+    conditions = [v["condition"] for v in _blocks("variable")[variable]["validation"]]
+    values = {"0.0.0.0/0": False, "0.0.0.0/00": False, "203.0.113.0/0": False,
+              "10.0.0.0/7": False, "203.0.113.0/24": True, "10.0.0.0/8": True,
+              "198.51.100.7/32": True}
+    outputs = "\n".join(
+        f'output "v{i}" {{ value = {" && ".join(f"({c})" for c in conditions)} }}'
+        .replace(f"var.{variable}", f'["{cidr}"]')
+        for i, cidr in enumerate(values))
+    (tmp_path / "main.tf").write_text(outputs + "\n")
+    env = {**os.environ, "TF_CLI_CONFIG_FILE": os.devnull, "TF_IN_AUTOMATION": "1"}
+    proc = subprocess.run([terraform, "apply", "-auto-approve", "-input=false", "-no-color"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          check=False, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(subprocess.run([terraform, "output", "-json"], cwd=tmp_path,
+                                    capture_output=True, text=True, timeout=60, check=True,
+                                    env=env).stdout)
+    assert {cidr: got[f"v{i}"]["value"] for i, cidr in enumerate(values)} == values
 
 
 def test_nsgs_attached_to_both_subnets() -> None:

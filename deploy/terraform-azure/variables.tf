@@ -98,8 +98,10 @@ variable "allowed_https_cidrs" {
   }
 
   validation {
-    condition     = !contains(var.allowed_https_cidrs, "0.0.0.0/0")
-    error_message = "allowed_https_cidrs must not contain 0.0.0.0/0: list the client networks instead."
+    # by prefix length, not spelling: 0.0.0.0/00 or a /0 typo such as 203.0.113.0/0 is
+    # the whole Internet too
+    condition     = alltrue([for c in var.allowed_https_cidrs : try(tonumber(split("/", c)[1]) >= 8, true)])
+    error_message = "allowed_https_cidrs must not contain 0.0.0.0/0 or any prefix shorter than /8: list the client networks instead."
   }
 }
 
@@ -109,8 +111,8 @@ variable "ssh_allowed_cidrs" {
   default     = []
 
   validation {
-    condition     = alltrue([for c in var.ssh_allowed_cidrs : can(cidrhost(c, 0)) && c != "0.0.0.0/0"])
-    error_message = "ssh_allowed_cidrs must be CIDRs other than 0.0.0.0/0."
+    condition     = alltrue([for c in var.ssh_allowed_cidrs : can(cidrhost(c, 0)) && try(tonumber(split("/", c)[1]) >= 8, false)])
+    error_message = "ssh_allowed_cidrs must be CIDRs with a prefix of /8 or longer (never 0.0.0.0/0)."
   }
 }
 
