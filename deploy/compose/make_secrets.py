@@ -10,8 +10,16 @@ that each party's keys match the engines that image offers. It writes, under --o
     clients/              principals' key files and env files (owner-a, owner-b,
                           analyst, admin): for the people using the service
 
-Each key is generated in the folder of the one service that uses it. Nothing here is
-ever copied into an image. Re-running reuses what exists (an existing --out is topped up).
+Every key here is generated on the machine that runs this: a deployment on ONE host
+(compose), whose administrator holds every party's keys, for development and
+demonstration. Parties on machines of their own (Azure, separate organisations) make
+their keys themselves: with --no-party-keys a party's folder holds only its registered
+data owners (owners.json); each party makes its keys at its first start, and only its key
+request (public) leaves it to be signed (`ppfs pki sign`, deploy/terraform-azure/README.md).
+The gateway's and the example principals' keys are made here either way (the operator runs
+the gateway; real data owners make their own with `ppfs keys create`). Nothing here is ever
+copied into an image. An --out that already holds a deployment CA is refused: a new CA
+would orphan every key it certified.
 """
 
 from __future__ import annotations
@@ -108,9 +116,21 @@ def main() -> int:
                     help="where --out is on the host (for the paths in clients/*.env)")
     ap.add_argument("--owner-uid", type=int, default=os.getuid(),
                     help="owner of ca/ and clients/ (the operator)")
+    ap.add_argument("--no-party-keys", action="store_true",
+                    help="parties on machines of their own: each party's folder holds only "
+                    "owners.json; every party makes its own keys at its first start (every "
+                    "folder is then the operator's, to upload)")
     args = ap.parse_args()
+    if (args.out / "ca" / "ca.key").exists():
+        ap.error(f"{args.out} already holds a deployment CA (ca/ca.key): a new one would "
+                 "orphan every key it certified; use another --out")
 
     from ppfs_cli.devstack import PRINCIPALS, prepare
+
+    # mounted as they are (compose): the images' user owns them; uploaded by the operator
+    # (--no-party-keys, machines of their own): the operator does, and each VM hands its
+    # folder to the images' user when it fetches it
+    service_uid = args.owner_uid if args.no_party_keys else SERVICE_UID
 
     work = args.out / ".work"
     layout = prepare(work, args.parties)  # CA, party states, gateway identity, keys, tokens
@@ -121,10 +141,11 @@ def main() -> int:
 
     for name, state in zip(names, layout.party_dirs, strict=True):
         dst = args.out / name
-        for part in ("keys", "certs", "owners.json"):
+        for part in (("owners.json",) if args.no_party_keys
+                     else ("keys", "certs", "owners.json")):
             if (state / part).exists():
                 _copy_private(state / part, dst / part)
-        _chown_tree(dst, SERVICE_UID, SERVICE_UID)
+        _chown_tree(dst, service_uid, service_uid)
 
     gw = args.out / "gateway"
     _copy_private(work / "gateway" / "tls", gw / "tls")
@@ -146,7 +167,7 @@ def main() -> int:
         config["https_cert"] = "tls/https.pem"
         config["https_key"] = "tls/https.key"
     (gw / "gateway.json").write_text(json.dumps(config, indent=1) + "\n")
-    _chown_tree(gw, SERVICE_UID, SERVICE_UID)
+    _chown_tree(gw, service_uid, service_uid)
 
     _copy_private(work / "ca", args.out / "ca")
     clients = args.out / "clients"

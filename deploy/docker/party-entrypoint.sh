@@ -1,23 +1,24 @@
 #!/bin/sh
-# Party container entrypoint. The party's keys and certificates are a read-only secret
-# folder mounted at $PPFS_SECRETS_DIR (compose secret, or tmpfs fetched from Key Vault on
-# a VM); the share store is the writable state volume. Link the former into the latter
-# (keys/ and certs/ are read, never written, once every key exists), take the registered
-# data owners from the secret folder, then run `ppfs "$@"`.
+# Party container entrypoint. The share store is the writable state volume; the secret
+# folder mounted read-only at $PPFS_SECRETS_DIR (compose secret, or tmpfs fetched from Key
+# Vault on a VM) holds the party's certificates (certs/) and registered data owners
+# (owners.json), and its keys (keys/) only where they were made for it on one host
+# (compose). Link keys/ and certs/ into the state (read, never written, once every key
+# exists), take the registered data owners, then run `ppfs "$@"`. A party whose secret
+# folder carries no keys/ makes its own in the state volume at its first start, and its key
+# request (csr/, public) is what leaves it to be signed (deploy/terraform-azure/README.md).
 set -eu
 state=${PPFS_STATE_DIR:-/var/lib/ppfs/state}
 secrets=${PPFS_SECRETS_DIR:-/run/secrets/ppfs}
-if [ -d "$secrets/keys" ]; then
-  mkdir -p "$state"
-  for d in keys certs; do
-    if [ -d "$secrets/$d" ]; then
-      rm -rf "${state:?}/$d"
-      ln -s "$secrets/$d" "$state/$d"
-    fi
-  done
-  if [ -f "$secrets/owners.json" ]; then
-    cp "$secrets/owners.json" "$state/owners.json.tmp"
-    mv "$state/owners.json.tmp" "$state/owners.json"
+mkdir -p "$state"
+for d in keys certs; do
+  if [ -d "$secrets/$d" ]; then
+    rm -rf "${state:?}/$d"
+    ln -s "$secrets/$d" "$state/$d"
   fi
+done
+if [ -f "$secrets/owners.json" ]; then
+  cp "$secrets/owners.json" "$state/owners.json.tmp"
+  mv "$state/owners.json.tmp" "$state/owners.json"
 fi
 exec /opt/ppfs/bin/ppfs "$@"
