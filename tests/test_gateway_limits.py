@@ -5,7 +5,8 @@
 - A credential in a query string is refused and appears in no log.
 - The state directory and the registry are the gateway's alone; accepted bodies are
   spooled to a private file that is gone afterwards.
-- Request methods nobody defined add no metric series.
+- Request methods nobody defined add no metric series; no page loads script from elsewhere
+  (no Swagger UI or ReDoc), the OpenAPI document stays.
 """
 
 from __future__ import annotations
@@ -225,6 +226,16 @@ def test_unknown_methods_add_no_metric_series(gateway: GatewayProcess) -> None:
     labels = _method_labels(gateway)
     assert labels <= {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "other"}
     assert "other" in labels and "GET" in labels
+
+
+def test_no_docs_page_shares_the_consoles_origin(gateway: GatewayProcess) -> None:
+    """The console keeps its token in the origin's session storage: no page there loads
+    script from elsewhere (Swagger UI and ReDoc come from a CDN)."""
+    for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        assert httpx.get(gateway.url + path).status_code == 404, path
+    r = httpx.get(gateway.url + "/openapi.json")
+    assert r.status_code == 200 and r.json()["info"]["title"] == "ppfs dealer-gateway"
+    assert "default-src 'none'" in r.headers["content-security-policy"]
 
 
 def _emptied(spool: Path) -> bool:

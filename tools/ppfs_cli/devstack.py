@@ -407,7 +407,7 @@ async def run_stack(args: argparse.Namespace) -> int:
         await stack.start(args.port, args.max_concurrent_jobs)
         names = ", ".join(PARTY_NAMES[: args.parties])
         print(f"ppfs: {args.parties} parties ({names}) and the gateway are up")
-        print(f"  gateway      {stack.url}   (OpenAPI: {stack.url}/docs)")
+        print(f"  gateway      {stack.url}   (OpenAPI: {stack.url}/openapi.json)")
         print(f"  console      {stack.url}/console/   (sign in with a token from the file below)")
         print("  metrics      " + ", ".join(f"{n} {u}" for n, u in stack.metrics.items()))
         print(f"  tokens       {layout.tokens_file}")

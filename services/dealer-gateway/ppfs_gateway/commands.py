@@ -23,7 +23,7 @@ EXIT_USAGE = 2
 def add_commands(sub: Any) -> None:
     gw = sub.add_parser("gateway", help="the dealer-gateway REST service")
     gsub = gw.add_subparsers(dest="gateway_command", required=True)
-    serve = gsub.add_parser("serve", help="run the gateway (OpenAPI at /docs)")
+    serve = gsub.add_parser("serve", help="run the gateway (OpenAPI at /openapi.json)")
     serve.add_argument(
         "--config", type=Path, default=None, help="JSON config (or PPFS_GATEWAY_CONFIG)"
     )

@@ -40,7 +40,7 @@ _COMMON = (
 
 class SecurityHeaders:
     """Adds the security headers to every response: a strict CSP for the console and
-    the API (the OpenAPI pages at /docs keep their own), HSTS over HTTPS."""
+    the API (the OpenAPI document included), HSTS over HTTPS."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -53,7 +53,7 @@ class SecurityHeaders:
         csp: bytes | None = None
         if path == "/console" or path.startswith("/console/"):
             csp = CONSOLE_CSP.encode()
-        elif path.startswith("/v1/") or path in ("/metrics", "/healthz"):
+        elif path.startswith("/v1/") or path in ("/metrics", "/healthz", "/openapi.json"):
             csp = API_CSP.encode()
         https = scope.get("scheme") == "https"
 

@@ -262,6 +262,10 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
         "watches privacy-preserving feature selection jobs, and hands the recipient the "
         "parties' sealed result parts. It never sees a value.",
         lifespan=lifespan,
+        # no interactive docs pages (Swagger UI, ReDoc): they load script from a CDN on the
+        # origin whose session storage holds the console's token. /openapi.json stays.
+        docs_url=None,
+        redoc_url=None,
     )
     app.include_router(health.router)
     common = problem_responses(401, 403, 404, 409, 413, 422, 502)
