@@ -154,3 +154,100 @@ def test_pki_sign_certifies_only_the_party_it_is_told(
     st = KeyStatement.from_bytes((state / "certs" / "party-keys.json").read_bytes())
     assert (st.index, st.name) == (2, "Carol")
     assert st.box_public_key == keys["box_public_key"]
+
+
+def test_pki_sign_never_reads_or_writes_through_links(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Corrupted Bob hands the operator his state directory with links planted in it:
+    a `certs/control.pem` pointing at the CA's key or at another file of the operator,
+    `certs` or `csr` themselves links, a request read through a link, a folder where a
+    certificate goes. `ppfs pki sign` refuses each, naming it, signs nothing and leaves
+    every target as it was; signed honestly, every output is a regular file of its own,
+    and a link found where one goes is replaced, never written through."""
+    import os
+    import shutil
+
+    from ppfs.pki import load_ca, write_cert
+
+    ca, state = tmp_path / "ca", tmp_path / "bob"
+    assert main(["pki", "init", "--ca-dir", str(ca)]) == 0
+    assert main(["party", "init", "--state-dir", str(state), "--index", "1"]) == 0
+    ca_key = (ca / "ca.key").read_bytes()
+    victim = tmp_path / "operator" / "authorized_keys"
+    victim.parent.mkdir()
+    victim.write_text("the operator's file\n")
+    pristine = tmp_path / "pristine-csr"
+    shutil.copytree(state / "csr", pristine)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(state / "csr", elsewhere)
+    capsys.readouterr()
+
+    def plant(rel: str, target: Path) -> None:
+        (state / rel).parent.mkdir(parents=True, exist_ok=True)
+        (state / rel).symlink_to(target)
+
+    def swap_csr_dir() -> None:
+        shutil.rmtree(state / "csr")
+        plant("csr", elsewhere)
+
+    def swap_request(name: str) -> None:
+        (state / "csr" / name).unlink()
+        plant(f"csr/{name}", elsewhere / name)
+
+    cases: dict[str, tuple[Any, str]] = {
+        "certs/control.pem -> ca.key": (lambda: plant("certs/control.pem", ca / "ca.key"),
+                                        "control.pem: a symbolic link"),
+        "certs/mpc-mpyc.pem -> a file": (lambda: plant("certs/mpc-mpyc.pem", victim),
+                                         "mpc-mpyc.pem: a symbolic link"),
+        "certs/ca.pem -> ca.pem": (lambda: plant("certs/ca.pem", ca / "ca.pem"),
+                                   "ca.pem: a symbolic link"),
+        "key statement -> a file": (lambda: plant("certs/party-keys.sig", victim),
+                                    "party-keys.sig: a symbolic link"),
+        "certs -> the CA's folder": (lambda: plant("certs", ca), "certs: a symbolic link"),
+        "certs a file": (lambda: (state / "certs").write_text("x"), "certs: not a folder"),
+        "certs/control.pem a folder": (lambda: (state / "certs" / "control.pem").mkdir(
+            parents=True), "control.pem: not a regular file"),
+        "csr -> elsewhere": (swap_csr_dir, "csr: a symbolic link"),
+        "csr/control.csr -> elsewhere": (lambda: swap_request("control.csr"),
+                                         "control.csr: a symbolic link"),
+        "key request -> elsewhere": (lambda: swap_request("party-keys.json"),
+                                     "party-keys.json: a symbolic link"),
+    }
+    def fresh_requests() -> None:
+        for sub in ("csr", "certs"):
+            if (state / sub).is_symlink() or (state / sub).is_file():
+                (state / sub).unlink()
+            elif (state / sub).exists():
+                shutil.rmtree(state / sub)
+        shutil.copytree(pristine, state / "csr")
+
+    for name, (tamper, expected) in cases.items():
+        fresh_requests()
+        tamper()
+        assert main(["pki", "sign", "--ca-dir", str(ca), "--state-dir", str(state),
+                     "--party", "bob"]) == 2, name
+        err = capsys.readouterr().err
+        assert expected in err and "nothing signed" in err, (name, err)
+        assert (ca / "ca.key").read_bytes() == ca_key, name
+        assert victim.read_text() == "the operator's file\n", name
+        certs = state / "certs"
+        if certs.is_dir() and not certs.is_symlink():  # nothing signed
+            assert not [p for p in certs.iterdir() if p.is_file() and not p.is_symlink()], name
+    assert sorted(p.name for p in ca.iterdir()) == ["ca.key", "ca.pem"]
+
+    fresh_requests()
+    assert main(["pki", "sign", "--ca-dir", str(ca), "--state-dir", str(state),
+                 "--party", "bob"]) == 0
+    for p in (state / "certs").iterdir():
+        assert p.is_file() and not p.is_symlink(), p
+        assert stat.S_IMODE(p.stat().st_mode) & 0o133 == 0, p  # at most 0644
+    assert not list((state / "certs").glob(".*.tmp"))
+    # a link that appears where an output goes is replaced, its target left alone
+    link = tmp_path / "out" / "cert.pem"
+    link.parent.mkdir()
+    link.symlink_to(ca / "ca.key")
+    write_cert(link, load_ca(ca).cert)
+    assert not link.is_symlink() and link.read_bytes() == (ca / "ca.pem").read_bytes()
+    assert (ca / "ca.key").read_bytes() == ca_key
+    assert os.listdir(link.parent) == ["cert.pem"]

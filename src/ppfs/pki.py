@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,8 +147,10 @@ def party_key_and_csr(key_path: Path, common_name: str) -> x509.CertificateSigni
 
 
 def write_cert(path: Path, cert: x509.Certificate) -> None:
+    """Write ``cert`` (PEM) at ``path`` without following a link there
+    (:func:`replace_public_file`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    replace_public_file(path, cert.public_bytes(serialization.Encoding.PEM))
 
 
 def write_private_key(path: Path, data: bytes) -> None:
@@ -164,8 +167,29 @@ def replace_private_file(path: Path, data: bytes) -> None:
     """Write ``path`` (new, or over the old one) so that it is mode 0600 from its first
     byte: through a fresh, randomly named file created exclusively (never one that was
     there before, whatever its mode, nor a link), synced, then renamed over ``path``."""
+    _replace_file(path, data, 0o600)
+
+
+def replace_public_file(path: Path, data: bytes) -> None:
+    """Write public material (a certificate, a key statement) at ``path`` as
+    :func:`replace_private_file` does, mode 0644: a link found at ``path`` is replaced,
+    never written through."""
+    _replace_file(path, data, 0o644)
+
+
+def read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file, never read through a link
+    (OSError otherwise; a FIFO neither blocks nor is read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        return fh.read()
+
+
+def _replace_file(path: Path, data: bytes, mode: int) -> None:
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -237,7 +261,7 @@ def certify_party_key_request(
     from ppfs.keycert import certify_party_keys
 
     try:
-        d = json.loads(request_path.read_text())
+        d = json.loads(read_regular_file(request_path))
         index, name = int(d["index"]), str(d["name"])
         box, signing = (base64.b64decode(d[k]) for k in
                         ("box_public_key", "signing_public_key"))

@@ -20,12 +20,16 @@ The CA trusts nothing in the state directory it signs: a request is signed only 
 it is one a party makes (``control``, ``mpc-<engine>``) and asks for exactly that
 party's name (its control name, ``P<i>``, ``MPyC party <i>``), and the key request only
 for that party's index and name; anything else is refused before anything is signed.
+Nothing there is read or written through a link: ``csr``, ``certs`` and every file
+the CA reads or replaces must be a folder or a regular file, and each output is a
+fresh file renamed into place.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +46,8 @@ from ppfs.pki import (
     PartyRequestRefused,
     certify_party_key_request,
     party_key_and_csr,
+    read_regular_file,
+    replace_public_file,
     single_common_name,
     write_cert,
     write_private_key,
@@ -191,6 +197,21 @@ def _check_control_name(index: int, control_name: str) -> None:
                 f"{PARTY_NAMES[index]} cannot be certified under it")
 
 
+def _refuse_unless_regular(path: Path, what: str) -> None:
+    """Refuse (before anything is signed) a ``path`` that is a link or, when it exists,
+    anything but a ``what`` (a regular file, a folder): the state directory comes from
+    the party, and a link there would have the CA read or write where the party chose."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    want = stat.S_ISDIR if what == "folder" else stat.S_ISREG
+    if stat.S_ISLNK(mode) or not want(mode):
+        kind = "a symbolic link" if stat.S_ISLNK(mode) else f"not a {what}"
+        raise PartyRequestRefused(f"{path}: {kind}, where the CA reads or writes only "
+                                  f"a {what}; nothing signed")
+
+
 def _checked_requests(
     state_dir: Path, index: int, control_name: str | None
 ) -> list[tuple[CertRequest, x509.CertificateSigningRequest]]:
@@ -206,8 +227,9 @@ def _checked_requests(
             raise PartyRequestRefused(
                 f"{path}: not a request a party makes (only "
                 f"{', '.join(f'{n}.csr' for n in allowed)}); nothing signed")
+        _refuse_unless_regular(path, "regular file")
         try:
-            csr = x509.load_pem_x509_csr(path.read_bytes())
+            csr = x509.load_pem_x509_csr(read_regular_file(path))
         except ValueError:
             raise PartyRequestRefused(f"{path}: not a certificate request") from None
         if not csr.is_signature_valid:
@@ -235,22 +257,32 @@ def sign_party_requests(
     if not 0 <= index < len(PARTY_NAMES):
         raise PartyRequestRefused(f"party index must be 0..{len(PARTY_NAMES) - 1}")
     name = PARTY_NAMES[index]
+    csr_dir, certs = state_dir / "csr", state_dir / "certs"
+    _refuse_unless_regular(csr_dir, "folder")
+    _refuse_unless_regular(certs, "folder")
     checked = _checked_requests(state_dir, index, control_name)
-    keys_req = state_dir / "csr" / KEY_REQUEST
+    keys_req = csr_dir / KEY_REQUEST
+    _refuse_unless_regular(keys_req, "regular file")
     statement = None
     if keys_req.is_file():
         statement = certify_party_key_request(ca, keys_req, index)
+    outputs = [f"{req.name}.pem" for req, _ in checked]
+    outputs += [KEY_REQUEST, "party-keys.sig", "ca.pem"]
+    for out in outputs:
+        _refuse_unless_regular(certs / out, "regular file")
+    # every output through a fresh file renamed over the old one: a link that appears
+    # there is replaced, never written through
     done = []
     for req, csr in checked:
-        write_cert(state_dir / "certs" / f"{req.name}.pem", ca.issue(csr, dns_san=req.dns_san))
+        write_cert(certs / f"{req.name}.pem", ca.issue(csr, dns_san=req.dns_san))
         done.append(Certified(name, index, req.name, f"CN={req.common_name}"))
     if statement is not None:
-        (state_dir / "certs").mkdir(parents=True, exist_ok=True)
-        (state_dir / "certs" / KEY_REQUEST).write_bytes(statement[0])
-        (state_dir / "certs" / "party-keys.sig").write_bytes(statement[1])
+        certs.mkdir(parents=True, exist_ok=True)
+        replace_public_file(certs / KEY_REQUEST, statement[0])
+        replace_public_file(certs / "party-keys.sig", statement[1])
         done.append(Certified(name, index, "party-keys",
                               "key statement (box and signing keys)"))
-    write_cert(state_dir / "certs" / "ca.pem", ca.cert)
+    write_cert(certs / "ca.pem", ca.cert)
     return done
 
 
