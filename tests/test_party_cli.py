@@ -251,3 +251,30 @@ def test_pki_sign_never_reads_or_writes_through_links(
     assert not link.is_symlink() and link.read_bytes() == (ca / "ca.pem").read_bytes()
     assert (ca / "ca.key").read_bytes() == ca_key
     assert os.listdir(link.parent) == ["cert.pem"]
+
+
+def test_pki_client_refuses_a_partys_certificate_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The gateway's client identity under a party's engine name (`MPyC party 0`, `P0`)
+    would pass the MPC peer checks as that party, and under its control name as its
+    control plane: `ppfs pki client` refuses every party's certificate name, case and
+    white space folded, and issues nothing; the gateway's own names are issued."""
+    ca, out = tmp_path / "ca", tmp_path / "gw"
+    assert main(["pki", "init", "--ca-dir", str(ca)]) == 0
+    capsys.readouterr()
+    for name, owner in (("MPyC party 0", "Alice's (index 0)"), ("P0", "Alice's (index 0)"),
+                        ("p2", "Carol's (index 2)"), ("  mpyc   PARTY 1 ", "Bob's (index 1)"),
+                        ("alice", "Alice's (index 0)"), ("Dave", "Dave's (index 3)"),
+                        ("MPYC PARTY 3", "Dave's (index 3)")):
+        assert main(["pki", "client", "--ca-dir", str(ca), "--name", name,
+                     "--out", str(out)]) == 2, name
+        err = capsys.readouterr().err
+        assert owner in err and "nothing issued" in err, (name, err)
+        assert not out.exists(), name
+    assert main(["pki", "client", "--ca-dir", str(ca), "--name", "", "--out", str(out)]) == 2
+    assert "must not be empty" in capsys.readouterr().err
+    for name in ("gateway", "gateway-2", "P10-relay"):
+        assert main(["pki", "client", "--ca-dir", str(ca), "--name", name,
+                     "--out", str(out)]) == 0, name
+        assert (out / f"{name}.pem").is_file() and (out / f"{name}.key").is_file()

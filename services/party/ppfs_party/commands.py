@@ -25,12 +25,14 @@ from ppfs.logfmt import configure_logging
 from ppfs.pki import (
     DEFAULT_GATEWAY_NAME,
     CertificateAuthority,
+    PartyRequestRefused,
     issue_client_identity,
     load_ca,
+    replace_public_file,
     save_ca,
 )
 from ppfs_party.config import DEFAULT_BUNDLE_CACHE, DEFAULT_MAX_UPLOAD, MpcDial, PartySettings
-from ppfs_party.keys import sign_party_requests
+from ppfs_party.keys import check_client_name, sign_party_requests
 from ppfs_party.state import open_state
 from ppfs_party.store import register_owner
 
@@ -122,7 +124,8 @@ def add_commands(subparsers: Any) -> None:
     client.add_argument("--ca-dir", type=Path, required=True)
     client.add_argument("--name", default=DEFAULT_GATEWAY_NAME,
                         help="its name; parties accept it with --gateway-name NAME "
-                             f"(default {DEFAULT_GATEWAY_NAME})")
+                             f"(default {DEFAULT_GATEWAY_NAME}); never a party's "
+                             "certificate name (alice, P0, MPyC party 0, ...)")
     client.add_argument("--out", type=Path, required=True)
     client.set_defaults(func=_pki_client)
     fpr = ksub.add_parser(
@@ -230,9 +233,14 @@ def _pki_fingerprint(args: argparse.Namespace) -> int:
 
 
 def _pki_client(args: argparse.Namespace) -> int:
+    try:
+        check_client_name(args.name)
+    except PartyRequestRefused as exc:
+        print(f"ppfs pki client: error: {exc}", file=sys.stderr)
+        return 2
     ca = load_ca(args.ca_dir)
     _, cert = issue_client_identity(ca, args.name, args.out / f"{args.name}.key")
-    (args.out / f"{args.name}.pem").write_bytes(cert)
-    (args.out / "ca.pem").write_bytes(ca.cert_pem())
+    replace_public_file(args.out / f"{args.name}.pem", cert)
+    replace_public_file(args.out / "ca.pem", ca.cert_pem())
     print(str(args.out / f"{args.name}.pem"))
     return 0

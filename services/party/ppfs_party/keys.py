@@ -178,23 +178,50 @@ def party_requests(index: int, control_name: str | None = None) -> dict[str, Cer
     return out
 
 
+def _folded(name: str) -> str:
+    """A name as these checks compare names: case and runs of white space folded."""
+    return " ".join(name.split()).casefold()
+
+
+def party_owning_name(name: str) -> int | None:
+    """The party one of whose request names (:func:`party_requests`: its default control
+    name, ``P<j>``, ``MPyC party <j>``) is ``name``, case and white space folded; None
+    when no party's is."""
+    folded = _folded(name)
+    for j in range(len(PARTY_NAMES)):
+        if folded in {_folded(r.common_name) for r in party_requests(j).values()}:
+            return j
+    return None
+
+
 def _check_control_name(index: int, control_name: str) -> None:
     """A control name that is another party's or the gateway's (by its default name; the
     parties also require the CA's gateway usage, which no party certificate carries) is
     never certified."""
-    lowered = control_name.strip().lower()
-    if not lowered or lowered == DEFAULT_GATEWAY_NAME:
+    folded = _folded(control_name)
+    if not folded or folded == DEFAULT_GATEWAY_NAME:
         raise PartyRequestRefused(
             f"control name {control_name[:40]!r}: a party's control certificate cannot "
             "carry the gateway's name")
-    for j in range(len(PARTY_NAMES)):
-        if j == index:
-            continue
-        taken = {r.common_name.lower() for r in party_requests(j).values()}
-        if lowered in taken:
-            raise PartyRequestRefused(
-                f"control name {control_name[:40]!r} is {PARTY_NAMES[j]}'s (index {j}); "
-                f"{PARTY_NAMES[index]} cannot be certified under it")
+    j = party_owning_name(control_name)
+    if j is not None and j != index:
+        raise PartyRequestRefused(
+            f"control name {control_name[:40]!r} is {PARTY_NAMES[j]}'s (index {j}); "
+            f"{PARTY_NAMES[index]} cannot be certified under it")
+
+
+def check_client_name(name: str) -> None:
+    """The name of the gateway's client identity (``ppfs pki client --name``): never a
+    party's request name, which the other parties' MPC peer checks would take for that
+    party (case and white space folded, as :func:`_check_control_name` compares)."""
+    if not name.strip():
+        raise PartyRequestRefused("the client identity's name must not be empty")
+    j = party_owning_name(name)
+    if j is not None:
+        raise PartyRequestRefused(
+            f"client name {name[:40]!r} is {PARTY_NAMES[j]}'s (index {j}) certificate "
+            f"name; the parties would take a certificate under it for {PARTY_NAMES[j]}; "
+            "nothing issued")
 
 
 def _refuse_unless_regular(path: Path, what: str) -> None:
