@@ -278,3 +278,71 @@ def test_pki_client_refuses_a_partys_certificate_name(
         assert main(["pki", "client", "--ca-dir", str(ca), "--name", name,
                      "--out", str(out)]) == 0, name
         assert (out / f"{name}.pem").is_file() and (out / f"{name}.key").is_file()
+
+
+def test_party_refuses_to_start_on_another_partys_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Alice's state directory started as Bob (`--index 1`): the key request, the key
+    statement and the certificates there name Alice, so the daemon refuses to start,
+    naming both in one line (exit 2, as other start-up errors), and leaves the key
+    request claiming Alice; likewise a control certificate for another name than
+    `--tls-name`. Started as Alice, it starts."""
+    import shutil
+    import subprocess
+    import sys
+
+    from ppfs_party.errors import WrongPartyStateError
+    from ppfs_party.state import open_state
+
+    ca, alice = tmp_path / "ca", tmp_path / "alice"
+    assert main(["pki", "init", "--ca-dir", str(ca)]) == 0
+    assert main(["party", "init", "--state-dir", str(alice), "--index", "0"]) == 0
+    request = (alice / "csr" / "party-keys.json").read_bytes()
+    capsys.readouterr()
+
+    # only the key request (before signing): `party init` as Bob is refused
+    assert main(["party", "init", "--state-dir", str(alice), "--index", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "key request" in err and "'Alice' (index 0)" in err and "Bob (index 1)" in err
+    assert (alice / "csr" / "party-keys.json").read_bytes() == request
+
+    assert main(["pki", "sign", "--ca-dir", str(ca), "--state-dir", str(alice),
+                 "--party", "alice"]) == 0
+    capsys.readouterr()
+    port_file = tmp_path / "port"
+    served = subprocess.run(
+        [sys.executable, "-m", "ppfs_party", "serve", "--state-dir", str(alice),
+         "--index", "1", "--listen", "127.0.0.1:0", "--engine", "mpyc",
+         "--port-file", str(port_file)],
+        capture_output=True, text=True, timeout=60)
+    assert served.returncode == 2, served.stderr
+    lines = served.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ppfs party serve: error:"), served.stderr
+    assert "'Alice' (index 0)" in lines[0] and "Bob (index 1)" in lines[0]
+    assert not port_file.exists()
+    assert (alice / "csr" / "party-keys.json").read_bytes() == request
+
+    # the key request and statement gone: Alice's certificates still name her
+    bare = tmp_path / "bare"
+    shutil.copytree(alice, bare)
+    (bare / "csr" / "party-keys.json").unlink()
+    (bare / "certs" / "party-keys.json").unlink()
+    with pytest.raises(WrongPartyStateError, match=r"'alice', Alice's \(index 0\).*Bob"):
+        open_state(PartySettings(state_dir=bare, index=1, engines=("mpyc",)))
+    assert not (bare / "csr" / "party-keys.json").exists()  # nothing written
+    # the statement alone
+    (bare / "certs" / "party-keys.json").write_bytes(
+        (alice / "certs" / "party-keys.json").read_bytes())
+    for f in ("control.pem", "mpc-mpyc.pem", "mpc-mp-spdz.pem"):
+        (bare / "certs" / f).unlink(missing_ok=True)
+    with pytest.raises(WrongPartyStateError, match=r"key statement.*'Alice' \(index 0\)"):
+        open_state(PartySettings(state_dir=bare, index=1, engines=("mpyc",)))
+    # Alice's own state under another control name than her certificate's
+    with pytest.raises(WrongPartyStateError, match=r"'alice'.*not 'alice\.example' \(--tls"):
+        open_state(PartySettings(state_dir=alice, index=0, tls_name="alice.example",
+                                 engines=("mpyc",)))
+    state = open_state(PartySettings(state_dir=alice, index=0, engines=("mpyc",)))
+    assert state.settings.name == "Alice"
+    assert (alice / "csr" / "party-keys.json").read_bytes() == request

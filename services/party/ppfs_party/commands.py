@@ -186,7 +186,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    state = open_state(_settings(args))
+    try:
+        state = open_state(_settings(args))
+    except (PpfsError, OSError) as exc:
+        print(f"ppfs party init: error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps({
         "party": state.settings.name,
         "box_public_key": bytes(state.keys.box.public_key).hex(),

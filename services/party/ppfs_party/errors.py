@@ -64,6 +64,11 @@ class NotReadyError(PartyError):
     """The party's certificates have not been installed yet (``ppfs pki sign``)."""
 
 
+class WrongPartyStateError(PartyError):
+    """At start: the state directory's key request or installed certificates name
+    another party than the one the daemon is started as."""
+
+
 class CallerNotGatewayError(PartyError):
     """A PartyService call whose TLS client certificate is not the gateway's control
     identity (a party's own certificate, or another client identity)."""

@@ -23,6 +23,10 @@ for that party's index and name; anything else is refused before anything is sig
 Nothing there is read or written through a link: ``csr``, ``certs`` and every file
 the CA reads or replaces must be a folder or a regular file, and each output is a
 fresh file renamed into place.
+
+The party, in turn, refuses to start on a state directory whose key request or
+installed certificates name another party than the one it is started as
+(:func:`refuse_another_partys_state`).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from ppfs.pki import (
     write_cert,
     write_private_key,
 )
-from ppfs_party.errors import NotReadyError
+from ppfs_party.errors import NotReadyError, WrongPartyStateError
 
 CONTROL = "control"
 KEY_REQUEST = "party-keys.json"
@@ -140,7 +144,10 @@ class PartyKeys:
 def load_or_create(
     state_dir: Path, index: int, control_name: str, engines: dict[str, Engine]
 ) -> PartyKeys:
-    """Load the party's keys, making whatever is missing (first start)."""
+    """Load the party's keys, making whatever is missing (first start). A state
+    directory that is another party's is refused before anything is written
+    (:func:`refuse_another_partys_state`)."""
+    refuse_another_partys_state(state_dir, index, control_name)
     keys = state_dir / "keys"
     csr_dir = state_dir / "csr"
     keys.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -164,6 +171,49 @@ def load_or_create(
             csr = party_key_and_csr(keys / f"{name}.key", cn)
             (csr_dir / f"{name}.csr").write_bytes(csr.public_bytes(serialization.Encoding.PEM))
     return PartyKeys(state_dir, box, signing)
+
+
+def refuse_another_partys_state(state_dir: Path, index: int, control_name: str) -> None:
+    """Refuse (:class:`WrongPartyStateError`) to start party ``index`` on a state
+    directory whose key request (``csr/party-keys.json``), key statement or installed
+    certificates name another party (or another control name than ``control_name``):
+    the daemon would serve that party's certificates and key statement under its own
+    index, and rewrite the key request to claim itself with the other party's keys.
+    Files that do not parse are left to what reads them (the key request is rewritten)."""
+    started = f"{PARTY_NAMES[index]} (index {index})"
+    for path, what in ((state_dir / "csr" / KEY_REQUEST, "key request"),
+                       (state_dir / "certs" / KEY_REQUEST, "key statement")):
+        try:
+            d = json.loads(path.read_bytes())
+            named = int(d["index"]), str(d["name"])
+        except FileNotFoundError:
+            continue
+        except (ValueError, KeyError, TypeError):
+            continue
+        if named != (index, PARTY_NAMES[index]):
+            raise WrongPartyStateError(
+                f"{state_dir}: its {what} ({path.parent.name}/{path.name}) is for "
+                f"{named[1][:40]!r} (index {named[0]}), not for {started}, the party "
+                "this daemon was started as; nothing written")
+    for name, req in party_requests(index, control_name).items():
+        path = state_dir / "certs" / f"{name}.pem"
+        if not path.is_file():
+            continue
+        try:
+            cn = single_common_name(x509.load_pem_x509_certificate(path.read_bytes()).subject)
+        except ValueError:
+            raise WrongPartyStateError(f"{path}: not a certificate") from None
+        if cn == req.common_name:
+            continue
+        owner = party_owning_name(cn) if cn is not None else None
+        whose = (f", {PARTY_NAMES[owner]}'s (index {owner})"
+                 if owner is not None and owner != index else "")
+        hint = " (--tls-name)" if name == CONTROL else ""
+        shown = repr(cn[:40]) if cn is not None else "another subject"
+        raise WrongPartyStateError(
+            f"{state_dir}: its {name} certificate (certs/{name}.pem) is for {shown}{whose}, "
+            f"not {req.common_name!r}{hint}, the name of {started}, the party this daemon "
+            "was started as; nothing written")
 
 
 def party_requests(index: int, control_name: str | None = None) -> dict[str, CertRequest]:
