@@ -4,7 +4,8 @@
   bodies at once leave the gateway's memory where it was.
 - A credential in a query string is refused and appears in no log.
 - The state directory and the registry are the gateway's alone; accepted bodies are
-  spooled to a private file that is gone afterwards.
+  spooled to a private file that is gone afterwards. A second gateway on the same state
+  directory is refused at once.
 - Request methods nobody defined add no metric series; no page loads script from elsewhere
   (no Swagger UI or ReDoc), the OpenAPI document stays.
 """
@@ -206,6 +207,21 @@ def test_query_string_token_is_refused_and_never_logged(gateway: GatewayProcess)
     for f in gateway.state_dir.rglob("*"):
         if f.is_file():
             assert gateway.token.encode() not in f.read_bytes(), f
+
+
+def test_second_gateway_on_the_state_dir_is_refused(gateway: GatewayProcess) -> None:
+    config = gateway.log.parent / "gateway.json"  # the fixture's
+    second = subprocess.run(
+        [sys.executable, "-m", "ppfs_cli", "gateway", "serve", "--config", str(config),
+         "--port", "0"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )
+    err = second.stderr.strip().splitlines()
+    assert second.returncode == 1 and len(err) == 1, second.stderr
+    assert str(gateway.state_dir) in err[0] and "in use by another process" in err[0]
+    assert f"pid {gateway.proc.pid}" in err[0]
+    assert gateway.proc.poll() is None  # the first one serves on, untouched
+    assert httpx.get(gateway.url + "/healthz").status_code == 200
 
 
 def _method_labels(gateway: GatewayProcess) -> set[str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ppfs.errors import ParameterError
 from ppfs.logfmt import configure_logging
+from ppfs.state_lock import StateDirInUse, hold_state_dir
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -67,6 +68,13 @@ def _serve(args: argparse.Namespace) -> int:
     except ParameterError as exc:
         print(f"ppfs: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    # one gateway per state directory, for this process's life (a second one would delete
+    # the first one's spooled bodies and share its registry)
+    try:
+        hold_state_dir(settings.state_dir)
+    except (StateDirInUse, OSError) as exc:
+        print(f"ppfs gateway serve: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,

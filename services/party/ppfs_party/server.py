@@ -6,7 +6,10 @@ gateway's control identity only (ppfs_party.control_access); health answers any.
 Lifecycle (grpc.aio): :func:`start_party_server` opens the state, binds (port 0 in
 tests: the bound port comes back) and marks the services SERVING; :meth:`PartyServer.stop`
 marks them NOT_SERVING, stops every unfinished job (killing its engine process)
-and gives in-flight calls ``grace`` seconds. :func:`serve` runs until SIGTERM/SIGINT.
+and gives in-flight calls ``grace`` seconds. :func:`serve` runs until SIGTERM/SIGINT,
+holding the state directory's lock (ppfs.state_lock) from before it opens the state: a
+second daemon on the same state would take this one's jobs for interrupted and delete
+their files.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ppfs.metrics_listener import MetricsListener, serve_metrics
+from ppfs.state_lock import hold_state_dir
 from ppfs.v1 import party_pb2, party_pb2_grpc
 from ppfs_party.config import PartySettings
 from ppfs_party.control_access import GatewayOnly
@@ -101,7 +105,17 @@ async def start_party_server(
 
 
 async def serve(settings: PartySettings) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    """Run until SIGTERM or SIGINT, then stop gracefully; refuse at once
+    (StateDirInUse) if another process serves this state directory."""
+    # held while serving; the kernel drops it however the process ends
+    lock = await asyncio.to_thread(hold_state_dir, settings.state_dir)
+    try:
+        await _serve_locked(settings)
+    finally:
+        lock.release()
+
+
+async def _serve_locked(settings: PartySettings) -> None:
     party = await start_party_server(settings)
     if settings.port_file is not None:
         tmp = settings.port_file.with_name(settings.port_file.name + ".tmp")
