@@ -1,6 +1,8 @@
 """The dev stack's MPC ports: below the ephemeral range (an outgoing connection can never
 take one a party is about to bind), or as the caller chose, with each party's extra
-``ppfs party serve`` arguments (a benchmark's relays)."""
+``ppfs party serve`` arguments (a benchmark's relays). Its metrics ports lie there too (a
+daemon binding port 0 can never take one), and a port a daemon finds busy is reported as
+it is: --port is named only when it was the gateway's."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 from ppfs_cli.devstack import MPC_PORTS, Stack, StackLayout
 
 from ppfs.durable import ephemeral_port_floor, free_port_ranges
-from ppfs.errors import ParameterError
+from ppfs.errors import ParameterError, PpfsError
 
 
 def test_port_ranges_lie_below_the_ephemeral_range_and_are_free() -> None:
@@ -62,6 +64,42 @@ def test_default_mpc_ports_lie_below_the_ephemeral_range(tmp_path: Path) -> None
     assert all(b + MPC_PORTS <= ephemeral_port_floor() for b in bases)
     assert all(_value(a, "--mpc-port-count") == str(MPC_PORTS) for a in argvs)
     assert not any("--mpc-dial" in a for a in argvs)
+
+
+def test_metrics_ports_lie_below_the_ephemeral_range(tmp_path: Path) -> None:
+    layout = StackLayout(tmp_path, 3, party_dirs=[tmp_path / f"p{i}" for i in range(3)])
+    (tmp_path / "gateway").mkdir()
+    stack = Stack(layout)
+    argvs = _party_argvs(stack)
+    mpc = {int(_value(a, "--mpc-port")) + j for a in argvs for j in range(MPC_PORTS)}
+    ports = [int(url.split(":")[2].split("/")[0]) for url in stack.metrics.values()]
+    assert len(ports) == 4 and len(set(ports)) == 4  # three parties and the gateway
+    assert all(1024 <= p < ephemeral_port_floor() for p in ports)
+    assert not set(ports) & mpc
+    assert [int(_value(a, "--metrics-listen").rsplit(":", 1)[1]) for a in argvs] == ports[:3]
+
+
+class _Exited:
+    returncode = 1
+
+
+def test_a_busy_port_is_reported_as_it_is(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    stack = Stack(StackLayout(tmp_path, 3))
+    stack.gateway_port = 8080
+    (tmp_path / "logs" / "carol.log").write_text(
+        "Carol listening on port 38639\n"
+        "ppfs party serve: error: [Errno 98] Address already in use\n")
+    with pytest.raises(PpfsError) as exc:
+        asyncio.run(stack._port("carol", _Exited(), tmp_path / "none"))  # type: ignore[arg-type]
+    assert not isinstance(exc.value, ParameterError)  # not the operator's mistake
+    assert "carol could not bind a port" in str(exc.value) and "Errno 98" in str(exc.value)
+    assert "--port" not in str(exc.value)
+    (tmp_path / "logs" / "gateway.log").write_text(
+        "ERROR [Errno 98] error while attempting to bind on address ('127.0.0.1', 8080): "
+        "address already in use\n")
+    with pytest.raises(ParameterError, match="port 8080 is in use; pass --port"):
+        asyncio.run(stack._port("gateway", _Exited(), tmp_path / "none"))  # type: ignore[arg-type]
 
 
 def test_caller_chooses_mpc_ports_and_extra_party_arguments(tmp_path: Path) -> None:

@@ -12,6 +12,9 @@ Layout of the state directory (private files mode 0600)::
     env/<subject>.env   PPFS_GATEWAY, PPFS_TOKEN, PPFS_KEY and PPFS_DEPLOYMENT_CA (the
                         development CA certificate: the clients' trust anchor) for `source`
     logs/               one log per process
+    lock                held by the running ``ppfs up`` (ppfs.state_lock): a second one on
+                        the same directory is refused; each party and the gateway also
+                        lock their own state directory
 
 ``ppfs up`` supervises: a party that dies is reported (one line naming it) and started
 again on the same ports, after 1, 2, 4, 8 then 16 s; a party that dies five times in a
@@ -20,9 +23,14 @@ again. The gateway fails the job that was running, naming the party that died. E
 party gets MPC_PORTS consecutive MPC ports; each running job holds one of every party.
 The MPC ports lie below the ephemeral port range (ppfs.durable.free_port_ranges): an
 outgoing connection (an engine's, a relay's) can never take a port a party is about to
-bind. A caller (a benchmark) may choose each party's first MPC port and give each party
-extra ``ppfs party serve`` arguments (:class:`Stack`'s ``mpc_port_bases`` and
+bind; so do the metrics ports (a daemon binding port 0 can never take one either). A
+caller (a benchmark) may choose each party's first MPC port and give each party extra
+``ppfs party serve`` arguments (:class:`Stack`'s ``mpc_port_bases`` and
 ``party_args``), e.g. ``--mpc-dial`` to put relays between the parties.
+
+Every daemon runs through the parent-death launcher (ppfs.engines.pdeathsig): when
+``ppfs up`` dies, even by SIGKILL, its daemons die with it. SIGINT and SIGTERM are
+handled from the start: while starting, they stop what was started.
 """
 
 from __future__ import annotations
@@ -45,9 +53,11 @@ from typing import Any
 
 import httpx
 
-from ppfs.durable import free_port_ranges, free_ports
+from ppfs.durable import free_port_ranges
+from ppfs.engines import pdeathsig
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import ParameterError, PpfsError
+from ppfs.state_lock import StateDirInUse, StateDirLock, hold_state_dir
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -67,11 +77,32 @@ RESTART_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0)
 STABLE_SECONDS = 60.0  # a party up this long has its restart count reset
 
 
+class StartInterrupted(PpfsError):
+    """SIGINT or SIGTERM arrived while the stack was starting."""
+
+
 def _write_private(path: Path, text: str) -> None:
+    """Write ``path`` at 0600 through a new file renamed over it: a crash leaves the old
+    file or the new one, never a truncated one."""
+    from ppfs.pki import replace_private_file
+
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    replace_private_file(path, text.encode())
+
+
+def _read_tokens(path: Path) -> dict[str, str]:
+    """subject -> token from ``tokens.json``; a damaged file or one without a principal's
+    token is named (never quoted: it holds tokens)."""
+    fix = "repair it, or delete it to have new tokens made"
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+        tokens = {str(e["subject"]): e["token"] for e in entries}
+    except (ValueError, TypeError, KeyError) as exc:  # (JSON and UTF-8 errors are ValueErrors)
+        raise ParameterError(f"{path} is damaged ({type(exc).__name__}: {exc}); {fix}") from None
+    missing = [s for _, s in PRINCIPALS if not (isinstance(tokens.get(s), str) and tokens[s])]
+    if missing:
+        raise ParameterError(f"{path} has no token for {', '.join(missing)}; {fix}")
+    return tokens
 
 
 @dataclass
@@ -136,20 +167,20 @@ def prepare(root: Path, parties: int) -> StackLayout:
         keys = ClientKeys.load(path) if path.exists() else ClientKeys.generate(subject).save(path)
         for state in layout.party_dirs:
             register_owner(state, subject, keys.verify_key)
-    if layout.tokens_file.exists():
-        entries = json.loads(layout.tokens_file.read_text(encoding="utf-8"))
-    else:
+    if not layout.tokens_file.exists():
         entries = [
             {"token": secrets.token_urlsafe(32), "role": role, "subject": subject}
             for role, subject in PRINCIPALS
         ]
         _write_private(layout.tokens_file, json.dumps(entries, indent=1))
-    layout.tokens = {e["subject"]: e["token"] for e in entries}
+    layout.tokens = _read_tokens(layout.tokens_file)
     return layout
 
 
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     """Refuse a busy gateway port up front, naming it (0: any free port, always fine)."""
+    if not 0 <= port <= 65535:
+        raise ParameterError(f"port {port}: a port is 0..65535 (0 for any free one)")
     if port == 0:
         return
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -161,6 +192,31 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
             raise ParameterError(
                 f"port {port} is in use; pass --port (another port, or 0 for any free one)"
             ) from None
+
+
+def _lock_root(root: Path) -> StateDirLock:
+    try:
+        return hold_state_dir(root)
+    except StateDirInUse as exc:
+        holder = f" (pid {exc.pid})" if exc.pid else ""
+        raise StateDirInUse(root, exc.pid, f"{root} is in use by another process{holder}, "
+                            "a running ppfs up perhaps; stop it or pass another --state-dir"
+                            ) from None
+    except OSError as exc:
+        raise ParameterError(f"cannot use --state-dir {root}: {exc.strerror or exc}") from None
+
+
+def claim_state_dir(root: Path, port: int) -> StateDirLock:
+    """Lock the stack's state directory for this process's life, and check the gateway
+    port. A directory in use is named before a busy port (most likely that run's)."""
+    lock = _lock_root(root) if root.is_dir() else None
+    try:
+        check_port_free(port)
+        return lock or _lock_root(root)  # (made only once the port is known free)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
 
 
 @dataclass
@@ -178,7 +234,8 @@ class Stack:
 
     ``mpc_port_bases``: each party's first MPC port (its MPC_PORTS ports follow; default:
     free ranges below the ephemeral range). ``party_args``: party index -> extra
-    arguments for its ``ppfs party serve`` (kept for restarts)."""
+    arguments for its ``ppfs party serve`` (kept for restarts). ``stop`` set (SIGINT,
+    SIGTERM) while :meth:`start` runs: it raises StartInterrupted, starting nothing more."""
 
     def __init__(
         self,
@@ -186,6 +243,7 @@ class Stack:
         *,
         mpc_port_bases: Sequence[int] | None = None,
         party_args: Mapping[int, Sequence[str]] | None = None,
+        stop: asyncio.Event | None = None,
     ) -> None:
         if mpc_port_bases is not None and (
             len(mpc_port_bases) != layout.parties
@@ -204,6 +262,8 @@ class Stack:
         self.parties: list[PartyProcess] = []
         self.url = ""
         self.metrics: dict[str, str] = {}  # process name -> its Prometheus /metrics URL
+        self.stopping = stop or asyncio.Event()
+        self.gateway_port = 0  # as asked for (0: any free port)
 
     async def _spawn(self, name: str, argv: list[str]) -> asyncio.subprocess.Process:
         logs = self.layout.root / "logs"
@@ -212,8 +272,11 @@ class Stack:
         fd = os.open(logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.fchmod(fd, 0o600)  # also a log left by an earlier version
         with os.fdopen(fd, "ab") as log:
+            # through the parent-death launcher: it becomes the daemon (same pid) with
+            # SIGKILL armed for when this process dies, however it dies
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
+                *pdeathsig.command(), *argv,
+                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
             )
         self.procs.append((name, proc))
         return proc
@@ -221,15 +284,23 @@ class Stack:
     async def _port(self, name: str, proc: asyncio.subprocess.Process, path: Path) -> int:
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
+            if self.stopping.is_set():
+                raise StartInterrupted(f"stopped while {name} was starting")
             if path.exists() and path.read_text().strip():
                 return int(path.read_text())
             if proc.returncode is not None:
                 log = self.layout.root / "logs" / (name + ".log")
+                busy = ""
                 with contextlib.suppress(OSError):
-                    if b"address already in use" in log.read_bytes()[-4000:].lower():
-                        raise ParameterError(
-                            f"{name}: its port is in use; pass --port (another port, or 0)"
-                        )
+                    busy = next((ln.strip() for ln in reversed(
+                        log.read_bytes()[-4000:].decode(errors="replace").splitlines())
+                        if "address already in use" in ln.lower()), "")
+                if busy:
+                    # the gateway's own port is the operator's choice; any other is ours
+                    if name == "gateway" and self.gateway_port and str(self.gateway_port) in busy:
+                        raise ParameterError(f"gateway: port {self.gateway_port} is in use; "
+                                             "pass --port (another port, or 0 for any free one)")
+                    raise PpfsError(f"{name} could not bind a port: {busy[-200:]}; see {log}")
                 raise PpfsError(
                     f"{name} exited with code {proc.returncode} while starting; "
                     f"see {self.layout.root / 'logs' / (name + '.log')}"
@@ -239,6 +310,7 @@ class Stack:
 
     async def start(self, port: int, max_concurrent_jobs: int = DEFAULT_CONCURRENT) -> None:
         lay = self.layout
+        self.gateway_port = port
         concurrent = str(max(1, min(max_concurrent_jobs, MPC_PORTS)))
         run = lay.root / "run"
         run.mkdir(exist_ok=True)
@@ -247,9 +319,13 @@ class Stack:
         except OSError as exc:
             raise PpfsError(str(exc)) from None
         # metrics listeners (plain HTTP on loopback): one per party, one for the gateway,
-        # none inside an MPC port range
+        # none inside an MPC port range, all below the ephemeral range: a daemon binding
+        # port 0 (a control listener, the gateway) never takes one before its owner binds it
         taken = {base + j for base in mpc_ports for j in range(MPC_PORTS)}
-        drawn = free_ports(lay.parties + 1 + len(taken))
+        try:
+            drawn = free_port_ranges(lay.parties + 1 + len(taken), 1)
+        except OSError as exc:
+            raise PpfsError(str(exc)) from None
         metrics_ports = [p for p in drawn if p not in taken][: lay.parties + 1]
         party_ports = []
         for i, state in enumerate(lay.party_dirs):
@@ -301,6 +377,8 @@ class Stack:
         ]  # fmt: skip
         proc = await self._spawn("gateway", argv)
         self.url = f"http://127.0.0.1:{await self._port('gateway', proc, pf)}"
+        if self.stopping.is_set():
+            raise StartInterrupted("stopped while the gateway was starting")
         async with httpx.AsyncClient() as http:
             resp = await http.get(
                 self.url + "/v1/deployment",
@@ -399,11 +477,38 @@ class Stack:
         self.procs.clear()
 
 
-async def run_stack(args: argparse.Namespace) -> int:
-    check_port_free(args.port)
-    layout = await asyncio.to_thread(prepare, args.state_dir, args.parties)
-    stack = Stack(layout)
+async def prepare_state_dir(root: Path, parties: int) -> StackLayout:
+    """:func:`prepare`, naming the state directory when it cannot be used."""
     try:
+        return await asyncio.to_thread(prepare, root, parties)
+    except OSError as exc:
+        raise ParameterError(f"cannot use --state-dir {root}: {exc}") from None
+
+
+async def run_stack(args: argparse.Namespace) -> int:
+    # before anything starts: a SIGTERM while starting stops what was started (the
+    # launcher covers SIGKILL)
+    stop, retry = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, retry.set)
+    lock = await asyncio.to_thread(claim_state_dir, args.state_dir, args.port)
+    try:
+        layout = await prepare_state_dir(args.state_dir, args.parties)
+        return await _run_started(Stack(layout, stop=stop), args, stop, retry)
+    except StartInterrupted:
+        return 0
+    finally:
+        lock.release()
+
+
+async def _run_started(stack: Stack, args: argparse.Namespace, stop: asyncio.Event,
+                       retry: asyncio.Event) -> int:
+    layout = stack.layout
+    try:
+        if stop.is_set():
+            return 0
         await stack.start(args.port, args.max_concurrent_jobs)
         names = ", ".join(PARTY_NAMES[: args.parties])
         print(f"ppfs: {args.parties} parties ({names}) and the gateway are up")
@@ -416,11 +521,6 @@ async def run_stack(args: argparse.Namespace) -> int:
         )
         print(f"  logs         {layout.root / 'logs'}")
         print("Ctrl-C stops everything.", flush=True)
-        stop, retry = asyncio.Event(), asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        loop.add_signal_handler(signal.SIGHUP, retry.set)
         return await stack.supervise(stop, retry)
     finally:
         await stack.stop()
@@ -435,10 +535,11 @@ async def run_demo(args: argparse.Namespace) -> int:
     if root is None:
         tmp = tempfile.TemporaryDirectory(prefix="ppfs-demo-")
         root = Path(tmp.name)
+    lock: StateDirLock | None = None
     try:
-        if args.state_dir is not None:
-            check_port_free(args.port)
-        layout = await asyncio.to_thread(prepare, root, args.parties)
+        lock = await asyncio.to_thread(claim_state_dir, root,
+                                       0 if args.state_dir is None else args.port)
+        layout = await prepare_state_dir(root, args.parties)
         stack = Stack(layout)
         try:
             await stack.start(0 if args.state_dir is None else args.port,
@@ -448,6 +549,8 @@ async def run_demo(args: argparse.Namespace) -> int:
         finally:
             await stack.stop()
     finally:
+        if lock is not None:
+            lock.release()
         if tmp is not None:
             with contextlib.suppress(OSError):
                 tmp.cleanup()
@@ -578,6 +681,16 @@ def add_commands(sub: Any) -> None:
 
 
 
+def _port_number(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: 0..65535 (0: any free one)")
+    return port
+
+
 def _stack_args(p: argparse.ArgumentParser, default_dir: str | None = ".ppfs") -> None:
     p.add_argument("--parties", type=int, choices=(3, 4), default=3)
     p.add_argument(
@@ -587,7 +700,8 @@ def _stack_args(p: argparse.ArgumentParser, default_dir: str | None = ".ppfs") -
         help="keys, certificates, tokens, registry, logs"
         + (" (default ./.ppfs)" if default_dir else " (default: a temporary directory)"),
     )
-    p.add_argument("--port", type=int, default=8080, help="gateway port (0: any free port)")
+    p.add_argument("--port", type=_port_number, default=8080,
+                   help="gateway port (0: any free port)")
     p.add_argument(
         "--max-concurrent-jobs",
         type=int,
