@@ -346,3 +346,31 @@ def test_party_refuses_to_start_on_another_partys_state(
     state = open_state(PartySettings(state_dir=alice, index=0, engines=("mpyc",)))
     assert state.settings.name == "Alice"
     assert (alice / "csr" / "party-keys.json").read_bytes() == request
+
+
+def test_party_refuses_a_key_statement_of_other_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A party whose keys were made anew (its state volume replaced) while its old
+    certificates stayed would serve a key statement certifying keys it does not hold:
+    clients would seal to a box key it cannot open. It refuses to start in one line, its
+    new key request ready in csr/; signed again, it starts."""
+    import shutil
+
+    from ppfs_party.errors import WrongPartyStateError
+    from ppfs_party.state import open_state
+
+    ca, bob = tmp_path / "ca", tmp_path / "bob"
+    assert main(["pki", "init", "--ca-dir", str(ca)]) == 0
+    assert main(["party", "init", "--state-dir", str(bob), "--index", "1"]) == 0
+    assert main(["pki", "sign", "--ca-dir", str(ca), "--state-dir", str(bob),
+                 "--party", "bob"]) == 0
+    shutil.rmtree(bob / "keys")  # the keys made anew at the next start; certs/ stay
+    old_request = (bob / "csr" / "party-keys.json").read_bytes()
+    capsys.readouterr()
+    with pytest.raises(WrongPartyStateError, match="certifies other keys than those in keys/"):
+        open_state(PartySettings(state_dir=bob, index=1))
+    assert (bob / "csr" / "party-keys.json").read_bytes() != old_request  # the new keys'
+    assert main(["pki", "sign", "--ca-dir", str(ca), "--state-dir", str(bob),
+                 "--party", "bob"]) == 0
+    open_state(PartySettings(state_dir=bob, index=1))  # starts

@@ -170,7 +170,30 @@ def load_or_create(
         if not (keys / f"{name}.key").is_file():
             csr = party_key_and_csr(keys / f"{name}.key", cn)
             (csr_dir / f"{name}.csr").write_bytes(csr.public_bytes(serialization.Encoding.PEM))
+    _refuse_a_statement_of_other_keys(state_dir, box, signing)
     return PartyKeys(state_dir, box, signing)
+
+
+def _refuse_a_statement_of_other_keys(state_dir: Path, box: PrivateKey,
+                                      signing: SigningKey) -> None:
+    """Refuse (:class:`WrongPartyStateError`) to serve a key statement that certifies other
+    keys than this party's: clients would seal to a box key it cannot open (its keys were
+    made anew, its state volume replaced, while the certificates stayed). Its key request
+    for the keys it holds is in ``csr/`` by now, ready to be signed."""
+    path = state_dir / "certs" / KEY_REQUEST
+    try:
+        d = json.loads(path.read_bytes())
+        certified = (base64.b64decode(d["box_public_key"]),
+                     base64.b64decode(d["signing_public_key"]))
+    except FileNotFoundError:
+        return
+    except (ValueError, KeyError, TypeError):
+        return  # left to what reads it
+    if certified != (bytes(box.public_key), bytes(signing.verify_key)):
+        raise WrongPartyStateError(
+            f"{state_dir}: its key statement ({path.parent.name}/{path.name}) certifies other "
+            "keys than those in keys/ (made anew, or another state's certificates): sign its "
+            "key request in csr/ again (`ppfs pki sign`) and install the new certificates")
 
 
 def refuse_another_partys_state(state_dir: Path, index: int, control_name: str) -> None:
