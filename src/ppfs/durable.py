@@ -52,12 +52,21 @@ def write_atomic_parts(path: Path, parts: Iterable[bytes | memoryview]) -> None:
     _write_replace(path, parts, sync=False)
 
 
-def _write_replace(path: Path, parts: Iterable[bytes | memoryview], *, sync: bool) -> None:
+def write_replacing(path: Path, data: bytes, mode: int) -> None:
+    """Write ``path`` (new, or over the old one) with ``mode`` from its first byte:
+    through a fresh, randomly named file created exclusively (never one that was there
+    before, whatever its mode, nor a link), synced, then renamed over ``path`` (a link
+    found there is replaced, never written through)."""
+    _write_replace(path, [data], sync=True, mode=mode)
+
+
+def _write_replace(path: Path, parts: Iterable[bytes | memoryview], *, sync: bool,
+                   mode: int = 0o600) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        # 0600: what is written here is a party's state or its share of someone's data,
-        # for the user that runs it alone, whatever the umask and the folder
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # 0600 by default: what is written here is a party's state or its share of
+        # someone's data, for the user that runs it alone, whatever the umask and folder
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         with open(fd, "wb") as fh:
             for part in parts:
                 fh.write(part)

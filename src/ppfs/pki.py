@@ -24,7 +24,6 @@ import datetime as dt
 import hashlib
 import json
 import os
-import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ppfs.durable import write_replacing
 from ppfs.engines.base import PARTY_NAMES
 
 _VALIDITY = dt.timedelta(days=365)
@@ -167,14 +167,14 @@ def replace_private_file(path: Path, data: bytes) -> None:
     """Write ``path`` (new, or over the old one) so that it is mode 0600 from its first
     byte: through a fresh, randomly named file created exclusively (never one that was
     there before, whatever its mode, nor a link), synced, then renamed over ``path``."""
-    _replace_file(path, data, 0o600)
+    write_replacing(path, data, 0o600)
 
 
 def replace_public_file(path: Path, data: bytes) -> None:
     """Write public material (a certificate, a key statement) at ``path`` as
     :func:`replace_private_file` does, mode 0644: a link found at ``path`` is replaced,
     never written through."""
-    _replace_file(path, data, 0o644)
+    write_replacing(path, data, 0o644)
 
 
 def read_regular_file(path: Path) -> bytes:
@@ -185,19 +185,6 @@ def read_regular_file(path: Path) -> bytes:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path}: not a regular file")
         return fh.read()
-
-
-def _replace_file(path: Path, data: bytes, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def save_ca(ca: CertificateAuthority, directory: Path) -> None:
