@@ -123,3 +123,18 @@ def test_stack_refuses_bad_ports_and_unknown_parties(tmp_path: Path) -> None:
         Stack(layout, mpc_port_bases=[20000, 20016, 65534])
     with pytest.raises(ParameterError, match="no party 3"):
         Stack(layout, party_args={3: ["--mpc-dial", "0=127.0.0.1:+4"]})
+
+
+def test_control_ports_lie_below_the_ephemeral_range(tmp_path: Path) -> None:
+    """A party started again binds the control port the gateway's config names: drawn
+    below the ephemeral range, no outgoing connection can hold it meanwhile."""
+    layout = StackLayout(tmp_path, 3, party_dirs=[tmp_path / f"p{i}" for i in range(3)])
+    (tmp_path / "gateway").mkdir()
+    stack = Stack(layout)
+    argvs = _party_argvs(stack)
+    control = [int(_value(a, "--listen").rsplit(":", 1)[1]) for a in argvs]
+    assert all(_value(a, "--listen").startswith("127.0.0.1:") for a in argvs)
+    assert all(1024 <= p < ephemeral_port_floor() for p in control)
+    mpc = {int(_value(a, "--mpc-port")) + j for a in argvs for j in range(MPC_PORTS)}
+    metrics = {int(url.split(":")[2].split("/")[0]) for url in stack.metrics.values()}
+    assert len(set(control)) == 3 and not set(control) & (mpc | metrics)

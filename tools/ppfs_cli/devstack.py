@@ -23,7 +23,8 @@ again. The gateway fails the job that was running, naming the party that died. E
 party gets MPC_PORTS consecutive MPC ports; each running job holds one of every party.
 The MPC ports lie below the ephemeral port range (ppfs.durable.free_port_ranges): an
 outgoing connection (an engine's, a relay's) can never take a port a party is about to
-bind; so do the metrics ports (a daemon binding port 0 can never take one either). A
+bind; so do the metrics ports and the parties' control ports (a daemon binding port 0
+can never take one either, nor an outgoing connection a party about to be started again). A
 caller (a benchmark) may choose each party's first MPC port and give each party extra
 ``ppfs party serve`` arguments (:class:`Stack`'s ``mpc_port_bases`` and
 ``party_args``), e.g. ``--mpc-dial`` to put relays between the parties.
@@ -318,15 +319,19 @@ class Stack:
             mpc_ports = self.mpc_port_bases or free_port_ranges(lay.parties, MPC_PORTS)
         except OSError as exc:
             raise PpfsError(str(exc)) from None
-        # metrics listeners (plain HTTP on loopback): one per party, one for the gateway,
-        # none inside an MPC port range, all below the ephemeral range: a daemon binding
-        # port 0 (a control listener, the gateway) never takes one before its owner binds it
+        # metrics listeners (plain HTTP on loopback: one per party, one for the gateway)
+        # and the parties' control listeners: none inside an MPC port range, all below the
+        # ephemeral range, so that neither a daemon binding port 0 (the gateway) nor an
+        # outgoing connection (an engine's, the gateway's) holds one when its owner binds
+        # it, at the start or when a party is started again on the same port
         taken = {base + j for base in mpc_ports for j in range(MPC_PORTS)}
         try:
-            drawn = free_port_ranges(lay.parties + 1 + len(taken), 1)
+            drawn = free_port_ranges(2 * lay.parties + 1 + len(taken), 1)
         except OSError as exc:
             raise PpfsError(str(exc)) from None
-        metrics_ports = [p for p in drawn if p not in taken][: lay.parties + 1]
+        free = [p for p in drawn if p not in taken]
+        metrics_ports = free[: lay.parties + 1]
+        control_ports = free[lay.parties + 1: 2 * lay.parties + 1]
         party_ports = []
         for i, state in enumerate(lay.party_dirs):
             name = PARTY_NAMES[i].lower()
@@ -335,7 +340,7 @@ class Stack:
             argv = [
                 sys.executable, "-m", "ppfs_party", "serve",
                 "--state-dir", str(state), "--index", str(i),
-                "--listen", "127.0.0.1:0", "--port-file", str(pf),
+                "--listen", f"127.0.0.1:{control_ports[i]}", "--port-file", str(pf),
                 "--mpc-host", "127.0.0.1", "--mpc-port", str(mpc_ports[i]),
                 "--mpc-port-count", str(MPC_PORTS), "--mpc-bind-host", "127.0.0.1",
                 "--metrics-listen", f"127.0.0.1:{metrics_ports[i]}",
@@ -345,9 +350,7 @@ class Stack:
             self.metrics[name] = f"http://127.0.0.1:{metrics_ports[i]}/metrics"
             proc = await self._spawn(name, argv)
             control = await self._port(name, proc, pf)
-            party_ports.append(control)
-            # a restart binds the same control port: the gateway's config names it
-            argv[argv.index("--listen") + 1] = f"127.0.0.1:{control}"
+            party_ports.append(control)  # a restart binds it again: the gateway's config names it
             self.parties.append(PartyProcess(PARTY_NAMES[i], argv, pf, proc, time.monotonic()))
         gw_dir = lay.root / "gateway"
         config = {
