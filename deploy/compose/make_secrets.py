@@ -16,8 +16,11 @@ demonstration. Parties on machines of their own (Azure, separate organisations) 
 their keys themselves: with --no-party-keys a party's folder holds only its registered
 data owners (owners.json); each party makes its keys at its first start, and only its key
 request (public) leaves it to be signed (`ppfs pki sign`, deploy/terraform-azure/README.md).
-The gateway's and the example principals' keys are made here either way (the operator runs
-the gateway; real data owners make their own with `ppfs keys create`). Nothing here is ever
+Likewise the gateway on a machine of its own (--no-gateway-keys): its folder holds its
+configuration, tokens and the CA certificate; it makes its client-identity and HTTPS keys
+at its first start (`ppfs gateway serve --make-keys`) and its certificate requests leave it
+to be signed (`ppfs pki client --csr`, `ppfs pki https --csr`). The example principals'
+keys are made here (real data owners make their own with `ppfs keys create`). Nothing here is ever
 copied into an image. An --out that already holds a deployment CA is refused: a new CA
 would orphan every key it certified.
 """
@@ -25,8 +28,6 @@ would orphan every key it certified.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import ipaddress
 import json
 import os
 import shutil
@@ -57,42 +58,18 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
 def _https_identity(ca_dir: Path, names: list[str], out: Path) -> None:
     """The gateway's HTTPS key (generated here, in the gateway's folder) and a certificate
     from the deployment CA for ``names`` (DNS names or IP addresses)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    from ppfs.pki import load_ca
+    from ppfs.pki import certify_https_key, load_ca, replace_private_file, replace_public_file
 
-    ca = load_ca(ca_dir)
     key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = []
-    for n in names:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(n)))
-        except ValueError:
-            sans.append(x509.DNSName(n))
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca.key, hashes.SHA256())
-    )
     out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out / "https.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(key.private_bytes(serialization.Encoding.PEM,
-                                   serialization.PrivateFormat.PKCS8,
-                                   serialization.NoEncryption()))
-    (out / "https.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    replace_private_file(out / "https.key", key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    replace_public_file(out / "https.pem",
+                        certify_https_key(load_ca(ca_dir), key.public_key(), names))
 
 
 def main() -> int:
@@ -120,6 +97,11 @@ def main() -> int:
                     help="parties on machines of their own: each party's folder holds only "
                     "owners.json; every party makes its own keys at its first start (every "
                     "folder is then the operator's, to upload)")
+    ap.add_argument("--no-gateway-keys", action="store_true",
+                    help="the gateway on a machine of its own: its folder holds no private "
+                    "key; `ppfs gateway serve --make-keys` makes them in its state "
+                    "directory at its first start and writes their certificate requests "
+                    "(sign them with `ppfs pki client --csr` and `ppfs pki https --csr`)")
     args = ap.parse_args()
     if (args.out / "ca" / "ca.key").exists():
         ap.error(f"{args.out} already holds a deployment CA (ca/ca.key): a new one would "
@@ -148,21 +130,32 @@ def main() -> int:
         _chown_tree(dst, service_uid, service_uid)
 
     gw = args.out / "gateway"
-    _copy_private(work / "gateway" / "tls", gw / "tls")
+    gateway_state = "/var/lib/ppfs/state"
+    if args.no_gateway_keys:
+        # its keys are made where it runs, in its state volume; the certificates the
+        # operator signs from their requests join this folder's tls/ afterwards
+        _copy_private(work / "gateway" / "tls" / "ca.pem", gw / "tls" / "ca.pem")
+        client_key = f"{gateway_state}/keys/gateway.key"
+    else:
+        _copy_private(work / "gateway" / "tls", gw / "tls")
+        client_key = "tls/gateway.key"
     _copy_private(layout.tokens_file, gw / "tokens.json")
     config = {
-        "state_dir": "/var/lib/ppfs/state",
+        "state_dir": gateway_state,
         "parties": [
             {"address": f"{h}:{args.grpc_port}", "tls_server_name": n}
             for h, n in zip(hosts, names, strict=True)
         ],
         "tls": {"ca_cert": "tls/ca.pem", "client_cert": "tls/gateway.pem",
-                "client_key": "tls/gateway.key"},
+                "client_key": client_key},
         "tokens_file": "tokens.json",
         "host": "0.0.0.0",  # noqa: S104 - inside the gateway container
         "port": 8080,
     }
-    if args.https_name:
+    if args.https_name and args.no_gateway_keys:
+        config["https_cert"] = "tls/https.pem"
+        config["https_key"] = f"{gateway_state}/keys/https.key"
+    elif args.https_name:
         _https_identity(work / "ca", args.https_name, gw / "tls")
         config["https_cert"] = "tls/https.pem"
         config["https_key"] = "tls/https.key"

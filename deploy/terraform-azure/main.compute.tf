@@ -41,13 +41,15 @@ locals {
     secret_name      = "${var.secret_prefix}-gateway"
     key_vault_uri    = local.key_vault_uri
     acr_login_server = local.acr_login_server
-    # The gateway's party addresses, TLS client identity and tokens come from its secret
-    # folder (deploy/compose/make-secrets.sh --party-host <party_private_ips>).
+    # The gateway's party addresses, certificates and tokens come from its secret folder
+    # (deploy/compose/make-secrets.sh --no-gateway-keys --party-host <party_private_ips>);
+    # its private keys it makes itself, in its state volume, at its first start
+    # (--make-keys), and waits for their certificates (its service retries every 10 s).
     docker_args = join(" ", [
       "-p ${var.gateway_https_port}:8080",
       "-e PPFS_SECURITY=${var.security}",
     ])
-    command = "gateway serve --config /run/secrets/ppfs/gateway.json --host 0.0.0.0 --port 8080"
+    command = "gateway serve --config /run/secrets/ppfs/gateway.json --make-keys --host 0.0.0.0 --port 8080"
   })
 }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
+import ipaddress
 import json
 import os
 import stat
@@ -31,6 +32,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ppfs.durable import write_replacing
@@ -215,6 +217,103 @@ def issue_client_identity(
     csr = party_key_and_csr(key_path, common_name)
     cert = ca.issue(csr, usages=(ExtendedKeyUsageOID.CLIENT_AUTH, GATEWAY_CONTROL_USAGE))
     return key_path.read_bytes(), cert.public_bytes(serialization.Encoding.PEM)
+
+
+def read_key_request(path: Path) -> x509.CertificateSigningRequest:
+    """A certificate request made where its key lives (the gateway's host), read without
+    following a link; its signature must hold (the requester holds the key)."""
+    try:
+        csr = x509.load_pem_x509_csr(read_regular_file(path))
+        valid = csr.is_signature_valid
+    except ValueError:
+        raise ValueError(f"{path}: not a PEM certificate request") from None
+    if not valid:
+        raise ValueError(f"{path}: the request's signature does not hold for its key; "
+                         "nothing signed")
+    if not isinstance(csr.public_key(), ec.EllipticCurvePublicKey):
+        raise ValueError(f"{path}: the request's key is not an EC key; nothing signed")
+    return csr
+
+
+def _certificate_for_key(
+    ca: CertificateAuthority, public_key: ec.EllipticCurvePublicKey, common_name: str,
+    usages: tuple[x509.ObjectIdentifier, ...], sans: list[x509.GeneralName],
+) -> x509.Certificate:
+    """A leaf certificate for ``public_key`` under the name, usages and alternative
+    names the CA chooses (nothing taken from a request but the key)."""
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.cert.subject)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(min(now + _VALIDITY, ca.cert.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(ca.key, hashes.SHA256())
+
+
+def certify_client_request(
+    ca: CertificateAuthority, csr: x509.CertificateSigningRequest, common_name: str
+) -> bytes:
+    """The gateway's control-plane client identity for a key it made itself
+    (``ppfs gateway serve --make-keys``): the certificate names ``common_name``, the
+    operator's choice (the request's own subject is ignored), and carries the
+    client-authentication and :data:`GATEWAY_CONTROL_USAGE` key usages. PEM."""
+    key = csr.public_key()
+    if not csr.is_signature_valid or not isinstance(key, ec.EllipticCurvePublicKey):
+        raise ValueError("the request's signature does not hold or its key is not EC")
+    cert = _certificate_for_key(ca, key, common_name,
+                                (ExtendedKeyUsageOID.CLIENT_AUTH, GATEWAY_CONTROL_USAGE),
+                                [x509.DNSName(common_name.replace(" ", "-"))])
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def certify_https_key(
+    ca: CertificateAuthority, public_key: CertificatePublicKeyTypes, names: list[str]
+) -> bytes:
+    """The gateway's HTTPS server certificate for ``public_key`` (an EC key) and
+    ``names`` (DNS names or IP addresses, the first also its common name). PEM."""
+    if not isinstance(public_key, ec.EllipticCurvePublicKey):
+        raise ValueError("the HTTPS key is not an EC key; nothing signed")
+    if not names:
+        raise ValueError("give at least one name (DNS name or IP address) for HTTPS")
+    sans: list[x509.GeneralName] = []
+    for n in names:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(n)))
+        except ValueError:
+            sans.append(x509.DNSName(n))
+    cert = _certificate_for_key(ca, public_key, names[0],
+                                (ExtendedKeyUsageOID.SERVER_AUTH,), sans)
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def key_request(key_path: Path, common_name: str) -> bytes:
+    """A certificate request (PEM) for the private key at ``key_path``: what leaves the
+    host that keeps the key, to be signed by the CA."""
+    key = serialization.load_pem_private_key(read_regular_file(key_path), None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{key_path}: not an EC private key")
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .sign(key, hashes.SHA256())
+    )
+    return csr.public_bytes(serialization.Encoding.PEM)
+
+
+def certificate_matches_key(cert_pem: bytes, key_pem: bytes) -> bool:
+    """Whether the certificate is for the private key."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    key = serialization.load_pem_private_key(key_pem, None)
+    fmt = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return bool(cert.public_key().public_bytes(*fmt) == key.public_key().public_bytes(*fmt))
 
 
 def has_gateway_usage(cert: x509.Certificate) -> bool:

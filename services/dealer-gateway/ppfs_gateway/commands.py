@@ -1,6 +1,7 @@
 """`ppfs gateway serve`.
 
 ppfs gateway serve --config gateway.json [--host H] [--port P] [--port-file F]
+    [--make-keys]    # its keys made here, their requests in STATE_DIR/csr/ for the CA
 """
 
 from __future__ import annotations
@@ -45,7 +46,63 @@ def add_commands(sub: Any) -> None:
         help="log lines as text or one JSON object per line (default: $PPFS_LOG_FORMAT, "
         "else text)",
     )
+    serve.add_argument(
+        "--make-keys",
+        action="store_true",
+        help="make the private keys the config names that do not exist yet (its TLS "
+        "client key, its HTTPS key), here where the gateway runs, and write their "
+        "certificate requests to STATE_DIR/csr/ for the CA (`ppfs pki client --csr`, "
+        "`ppfs pki https --csr`); until their certificates are installed it exits (2) "
+        "saying so",
+    )
     serve.set_defaults(func=_serve)
+
+
+def _key_pairs(settings: Any) -> list[tuple[str, Path, Path]]:
+    """(request file name, key, certificate) of each key pair the config names."""
+    pairs = [("client.csr", settings.tls.client_key, settings.tls.client_cert)]
+    if settings.https_key is not None:
+        pairs.append(("https.csr", settings.https_key, settings.https_cert))
+    return pairs
+
+
+def check_keys(settings: Any, make_keys: bool) -> str | None:
+    """With ``make_keys``: make each missing key and its certificate request. Then the
+    problem that keeps the gateway from serving, if any: a key or certificate missing
+    (naming the requests to have signed) or a certificate for another key than its own."""
+    from ppfs.pki import (
+        certificate_matches_key,
+        key_request,
+        party_key_and_csr,
+        read_regular_file,
+        replace_public_file,
+    )
+
+    csr_dir = settings.state_dir / "csr"
+    waiting: list[str] = []
+    for request, key, cert in _key_pairs(settings):
+        if make_keys and not key.exists():
+            party_key_and_csr(key, request.removesuffix(".csr"))
+        if not key.exists():
+            return f"no private key at {key} (--make-keys makes it here)"
+        if make_keys and not cert.exists():
+            csr_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            replace_public_file(csr_dir / request, key_request(key, request.removesuffix(".csr")))
+        if not cert.exists():
+            waiting.append(request)
+            continue
+        try:
+            matches = certificate_matches_key(read_regular_file(cert), read_regular_file(key))
+        except ValueError:
+            return f"{cert} or {key} does not parse (a PEM certificate and private key)"
+        if not matches:
+            return (f"{cert} certifies another key than {key}: install the certificate "
+                    f"signed from this key's request ({csr_dir / request})")
+    if waiting:
+        how = {"client.csr": "ppfs pki client --csr", "https.csr": "ppfs pki https --csr"}
+        todo = "; ".join(f"{csr_dir / r} ({how[r]})" for r in waiting)
+        return f"waiting for certificates: have the deployment CA sign {todo}"
+    return None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -75,6 +132,13 @@ def _serve(args: argparse.Namespace) -> int:
     except (StateDirInUse, OSError) as exc:
         print(f"ppfs gateway serve: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    try:
+        problem = check_keys(settings, args.make_keys)
+    except OSError as exc:
+        problem = str(exc)
+    if problem is not None:
+        print(f"ppfs gateway serve: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,

@@ -4,6 +4,8 @@
     ppfs party init --state-dir S --index I          # keys + certificate requests
     ppfs pki sign  --ca-dir CA --state-dir S --party P   # CA signs party P's requests
     ppfs pki client --ca-dir CA --name gateway --out DIR   # the gateway's client identity
+        [--csr FILE]                                 # ... for a key the gateway made
+    ppfs pki https --ca-dir CA --csr FILE --name DNS_OR_IP --out DIR   # its HTTPS cert
     ppfs pki fingerprint --ca-dir CA                 # the clients' trust anchor
     ppfs party add-owner --state-dir S --owner-id ID --public-key HEX
     ppfs party serve --state-dir S --index I --listen HOST:PORT --mpc-port P ...
@@ -26,8 +28,11 @@ from ppfs.pki import (
     DEFAULT_GATEWAY_NAME,
     CertificateAuthority,
     PartyRequestRefused,
+    certify_client_request,
+    certify_https_key,
     issue_client_identity,
     load_ca,
+    read_key_request,
     replace_public_file,
     save_ca,
 )
@@ -127,7 +132,23 @@ def add_commands(subparsers: Any) -> None:
                              f"(default {DEFAULT_GATEWAY_NAME}); never a party's "
                              "certificate name (alice, P0, MPyC party 0, ...)")
     client.add_argument("--out", type=Path, required=True)
+    client.add_argument("--csr", type=Path, default=None, metavar="FILE",
+                        help="certify the key of this request, made where the gateway runs "
+                             "(`ppfs gateway serve --make-keys`), instead of making a key "
+                             "here; the certificate names --name whatever the request says")
     client.set_defaults(func=_pki_client)
+    https = ksub.add_parser(
+        "https", help="the gateway's HTTPS certificate, for the key of a request it made")
+    https.add_argument("--ca-dir", type=Path, required=True)
+    https.add_argument("--csr", type=Path, required=True, metavar="FILE",
+                       help="the request `ppfs gateway serve --make-keys` wrote "
+                            "(STATE/csr/https.csr)")
+    https.add_argument("--name", action="append", required=True, metavar="DNS_OR_IP",
+                       help="a name clients reach the gateway by (repeatable; the first is "
+                            "also its common name)")
+    https.add_argument("--out", type=Path, required=True,
+                       help="folder for https.pem (and ca.pem)")
+    https.set_defaults(func=_pki_https)
     fpr = ksub.add_parser(
         "fingerprint",
         help="the CA certificate's SHA-256: give it to clients (--deployment-ca)",
@@ -243,8 +264,30 @@ def _pki_client(args: argparse.Namespace) -> int:
         print(f"ppfs pki client: error: {exc}", file=sys.stderr)
         return 2
     ca = load_ca(args.ca_dir)
-    _, cert = issue_client_identity(ca, args.name, args.out / f"{args.name}.key")
+    if args.csr is not None:
+        try:
+            cert = certify_client_request(ca, read_key_request(args.csr), args.name)
+        except (ValueError, OSError) as exc:
+            print(f"ppfs pki client: error: {exc}", file=sys.stderr)
+            return 2
+        args.out.mkdir(parents=True, exist_ok=True)
+    else:
+        _, cert = issue_client_identity(ca, args.name, args.out / f"{args.name}.key")
     replace_public_file(args.out / f"{args.name}.pem", cert)
     replace_public_file(args.out / "ca.pem", ca.cert_pem())
     print(str(args.out / f"{args.name}.pem"))
+    return 0
+
+
+def _pki_https(args: argparse.Namespace) -> int:
+    ca = load_ca(args.ca_dir)
+    try:
+        cert = certify_https_key(ca, read_key_request(args.csr).public_key(), args.name)
+    except (ValueError, OSError) as exc:
+        print(f"ppfs pki https: error: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    replace_public_file(args.out / "https.pem", cert)
+    replace_public_file(args.out / "ca.pem", ca.cert_pem())
+    print(str(args.out / "https.pem"))
     return 0
