@@ -187,11 +187,13 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> MpSpdzEngine:
 
 
 def _run_every_party(engine: MpSpdzEngine, seed: int, security: Security,
-                     train: TrainParams | None, root: Path) -> list[list[ProgressNote]]:
+                     train: TrainParams | None, root: Path,
+                     reveal_reduced: bool = True) -> list[list[ProgressNote]]:
     """Each party run as a daemon runs it (run_party); the notes each one reported."""
     # 3 chunks of comparisons and of D' (2^17 // 200 = 655 rows a chunk)
     table = make_table(1500, 200, seed=seed)
-    prep = prepare_inputs(table, 5, security, root / "inputs", train=train)
+    prep = prepare_inputs(table, 5, security, root / "inputs", train=train,
+                          reveal_reduced=reveal_reduced)
     notes: list[list[ProgressNote]] = [[] for _ in range(security.parties)]
 
     def recorder(i: int) -> Progress:
@@ -207,15 +209,21 @@ def _run_every_party(engine: MpSpdzEngine, seed: int, security: Security,
 
 @needs_mpspdz
 @pytest.mark.mpspdz
-@pytest.mark.parametrize(("security", "train"), [
-    (Security.PASSIVE_3PC, TrainParams(epochs=2, batch=64)),
-    (Security.ACTIVE_3PC, None),
-], ids=["passive-3pc-trained", "active-3pc"])
+@pytest.mark.parametrize(("security", "train", "reveal_reduced"), [
+    (Security.PASSIVE_3PC, TrainParams(epochs=2, batch=64), True),
+    (Security.ACTIVE_3PC, None, True),
+    (Security.PASSIVE_3PC, None, False),
+], ids=["passive-3pc-trained", "active-3pc", "passive-3pc-selection-only"])
 def test_every_party_reports_every_stage_in_order(
-    engine: MpSpdzEngine, security: Security, train: TrainParams | None, tmp_path: Path
+    engine: MpSpdzEngine, security: Security, train: TrainParams | None,
+    reveal_reduced: bool, tmp_path: Path
 ) -> None:
-    notes = _run_every_party(engine, 1, security, train, tmp_path)
-    expected = [s for s in STAGES if s != "training" or train is not None]
+    notes = _run_every_party(engine, 1, security, train, tmp_path, reveal_reduced)
+    # D' is built only for whoever reads it: its owner, or training; a job that only
+    # selects (a service job, which never opens D') skips it
+    builds = reveal_reduced or train is not None
+    expected = [s for s in STAGES if (s != "training" or train is not None)
+                and (s != "selection" or builds)]
     for party in notes:
         stages = [n.removeprefix("").split(",")[0] for n in party]
         order = list(dict.fromkeys(stages))
@@ -223,7 +231,7 @@ def test_every_party_reports_every_stage_in_order(
         fractions = [n.fraction for n in party]
         assert fractions == sorted(fractions)
         assert sum("mean-split comparisons" in n for n in party) == 3
-        assert sum("building D'" in n for n in party) == 3
+        assert sum("building D'" in n for n in party) == (3 if builds else 0)
         if train is not None:
             # 1500 / 64: 23 full steps and a shorter last one per epoch, 48 in all; a
             # line before training and at each full step (at most 17 an epoch)

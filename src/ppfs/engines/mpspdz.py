@@ -553,7 +553,7 @@ _COST_COLUMN = {Security.PASSIVE_3PC: 0, Security.ACTIVE_3PC: 1, Security.ACTIVE
 
 def stage_weights(shape: Step2AShape, security: Security) -> dict[str, float]:
     """Each stage's estimated seconds (``_STAGE_COSTS``) for this shape; "training" only
-    with Step 2B."""
+    with Step 2B, "selection" (D') only where it is revealed or trained on."""
     m, p, k = shape.m, shape.p, shape.k
     epochs = shape.train.epochs if shape.train is not None else 0
     units = {"p": p, "p*p": p * p, "m*p": m * p, "m*p*k": m * p * k, "m*k": m * k,
@@ -565,6 +565,8 @@ def stage_weights(shape: Step2AShape, security: Security) -> dict[str, float]:
         weights[stage] = constant + per_unit * units[unit]
     if shape.train is None:
         del weights["training"]
+        if not shape.reveal_reduced:
+            del weights["selection"]
     return weights
 
 
