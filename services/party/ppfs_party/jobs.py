@@ -405,11 +405,16 @@ class JobRunner:
                     pending.append(message)
 
                 run = asyncio.create_task(engine.run_party(spec, progress))
-                while not run.done():
+                while True:
                     await asyncio.wait({run}, timeout=0.2)
+                    # every message the engine reported counts, up to its end and before
+                    # its outcome: a job's record shows how far the run went (a failed
+                    # one, where it stopped), not what this loop happened to look at
                     if pending:
-                        await self._update(rec, keep=False, **self._phase(rec, pending[-1]))
+                        await self._update(rec, keep=False, **self._phases(rec, pending))
                         pending.clear()
+                    if run.done():
+                        break
                 result = run.result()
                 await asyncio.to_thread(
                     write_durable, job_dir / "opened.u64",
@@ -467,6 +472,15 @@ class JobRunner:
                 if needle in text:
                     frac = max(frac, value)
         return {"phase": text[:80], "progress": min(frac, 0.99)}
+
+    @classmethod
+    def _phases(cls, rec: JobRecord, messages: list[str]) -> dict[str, object]:
+        """:meth:`_phase` after all of ``messages`` in turn: the last one's phase, the
+        furthest progress of any."""
+        changes = cls._phase(rec, messages[-1])
+        changes["progress"] = max(float(cls._phase(rec, m)["progress"])  # type: ignore[arg-type]
+                                  for m in messages)
+        return changes
 
     def _remove_share_copies(self, job_id: str) -> None:
         """The job's copies of share components are not kept once it ends: its inputs,
