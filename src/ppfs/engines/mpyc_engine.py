@@ -58,6 +58,7 @@ from ppfs.engines.mpyc_party import (
     EXIT_BAD_JOB,
     EXIT_OK,
     EXIT_OUT_OF_RANGE,
+    EXIT_PEER_FAULT,
     EXIT_PEER_LOST,
     EXIT_SESSION,
     EXIT_TIMEOUT,
@@ -83,6 +84,9 @@ LOG_CAP = 256 * 1024  # bytes of each worker stream kept on disk
 POLL = 0.2
 BLAME_GRACE = 2.0  # seconds to wait for the root cause after a "peer lost" exit
 KILL_GRACE = 5.0
+# A worker stops itself at the run's time limit, naming the peer it waits for; the
+# engine kills it only this much later (a worker stuck in a long local step).
+WORKER_GRACE = 15.0
 
 
 def default_timeout(shape: Step2AShape, parties: int) -> float:
@@ -109,6 +113,7 @@ def program_hash(shape: Step2AShape, security: Security) -> str:
 # A worker's exit code -> the error it stands for (ppfs.contract.failure_kind reads these).
 _ERRORS: dict[int, type[EngineError]] = {
     EXIT_PEER_LOST: PeerLostError,
+    EXIT_PEER_FAULT: PeerLostError,  # a peer's message it could not take: a symptom
     EXIT_TIMEOUT: TimedOutError,
     EXIT_SESSION: SessionMismatchError,
 }
@@ -225,7 +230,7 @@ class MpycEngine:
         try:
             for i, d in enumerate(dirs):
                 workers.append(await self._launch(i, d))
-            await self._watch(workers, t0 + timeout, progress)
+            await self._watch(workers, t0 + timeout + WORKER_GRACE, progress)
             seconds = time.monotonic() - t0
             opened = self._read_output(dirs[0] / "opened.u64", shape, 0)
             stats = [self._party_stats(w) for w in workers]
@@ -268,7 +273,7 @@ class MpycEngine:
         workers: list[_Worker] = []
         try:
             workers.append(await self._launch(spec.party, spec.workdir))
-            await self._watch(workers, t0 + timeout, progress)
+            await self._watch(workers, t0 + timeout + WORKER_GRACE, progress)
             seconds = time.monotonic() - t0
             opened = self._read_output(spec.workdir / "opened.u64", shape, spec.party)
             stats = self._party_stats(workers[0])
@@ -342,7 +347,7 @@ class MpycEngine:
             "result_path": str((d / "result.json").resolve()),
             "output_path": str((d / "opened.u64").resolve()),
             "start_timeout": self.start_timeout,
-            "timeout": timeout + 30.0,  # the engine's limit acts first
+            "timeout": timeout,  # the worker's limit acts first (WORKER_GRACE)
             "chunk": self.chunk,
             "ssl": True,
             "session_tag": spec.session_tag or 0,
@@ -398,7 +403,7 @@ class MpycEngine:
                     error = _ERRORS.get(culprit.proc.returncode or 0, EngineError)
                     raise error(
                         f"MPyC party {culprit.name} failed: {self._reason(culprit)}",
-                        party=culprit.name,
+                        party=self._accused(culprit) or culprit.name,
                     )
                 if pending and now > deadline:
                     raise TimedOutError("the MPyC run timed out; all parties were stopped")
@@ -435,6 +440,8 @@ class MpycEngine:
         reason = MpycEngine._result_reason(w)
         if code == EXIT_PEER_LOST:
             return reason or "it lost its connection to another party"
+        if code == EXIT_PEER_FAULT:
+            return reason or "another party sent it a message it cannot take"
         if code == EXIT_TIMEOUT:
             return reason or "it timed out"
         if code == EXIT_SESSION:
@@ -442,6 +449,17 @@ class MpycEngine:
         if code == EXIT_BAD_JOB:
             return reason or "its job or inputs are unusable"
         return reason or f"it exited with code {code}"
+
+    @staticmethod
+    def _accused(w: _Worker) -> str | None:
+        """The peer a worker names as the sender of a message it could not take."""
+        if w.proc.returncode != EXIT_PEER_FAULT:
+            return None
+        with contextlib.suppress(OSError, ValueError, TypeError, IndexError):
+            peer = json.loads((w.directory / "result.json").read_text()).get("peer")
+            if isinstance(peer, int) and 0 <= peer < len(PARTY_NAMES) and peer != w.index:
+                return PARTY_NAMES[peer]
+        return None
 
     @staticmethod
     def _result_reason(w: _Worker) -> str | None:

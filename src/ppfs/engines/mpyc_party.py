@@ -31,8 +31,14 @@ and the party stops with exit code 5 unless all are zero: peers running another 
 never get to compute with this party's data. The share files are read only after
 this check.
 
+A peer that goes away, sends a message that does not parse or fit, or goes silent
+is named in the party's result (``reason``, and ``peer`` for a message): the peer
+whose link is gone, whose message it is, or whose message the party has waited for
+longest when its time runs out.
+
 Exit codes: 0 done, 1 internal error, 2 bad job or inputs, 3 a peer was lost,
-4 timed out, 5 the peers run another job (session tags differ).
+4 timed out, 5 the peers run another job (session tags differ), 6 a Step 2B range
+check failed, 7 a peer sent a message that does not parse or fit.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import resource
 import struct
@@ -58,6 +65,7 @@ import numpy as np
 
 from ppfs import scoring, step2b
 from ppfs.durable import write_durable
+from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import PpfsError, ShareFormatError
 from ppfs.scoring import Scorer
 from ppfs.sharing import Scheme, ShareBundle
@@ -79,6 +87,7 @@ EXIT_PEER_LOST = 3
 EXIT_TIMEOUT = 4
 EXIT_SESSION = 5
 EXIT_OUT_OF_RANGE = 6  # a Step 2B range check failed: one public bit, nothing else
+EXIT_PEER_FAULT = 7  # a peer sent a message this party cannot take (named in result.json)
 
 JOB_VERSION = 1
 # MPyC's statistical security parameter k (its -K option; MPyC's default is 30): the
@@ -102,6 +111,47 @@ _MASK64 = (1 << 64) - 1
 
 class PeerLostError(ConnectionError):
     """A peer's connection closed mid-run (it crashed or was killed)."""
+
+
+class PeerFaultError(PpfsError):
+    """A peer sent a message this party cannot take; ``peer`` is its party number."""
+
+    def __init__(self, peer: int, what: str) -> None:
+        super().__init__(f"{party_name(peer)} {what}")
+        self.peer = peer
+
+
+class MalformedMessage(ValueError):
+    """A message from party ``peer`` (None: not known) does not parse or does not fit.
+
+    Raised where MPyC unmarshals or recombines what peers sent; the message names
+    the peer and a fixed reason, never the bytes."""
+
+    def __init__(self, peer: int | None, what: str = "sent a malformed message") -> None:
+        super().__init__(what)
+        self.peer = peer
+        self.what = what
+
+
+def party_name(pid: int) -> str:
+    return PARTY_NAMES[pid] if 0 <= pid < len(PARTY_NAMES) else f"party {pid}"
+
+
+class PeerPayload(bytes):
+    """A message's payload as received, tagged with the party that sent it."""
+
+    peer: int | None = None
+
+
+# what went wrong with peers' messages in this process: (peer, reason), first one first
+FAULTS: list[tuple[int, str]] = []
+_last_loaded: list[int] = []  # the peer of the payload RawWire.loads took last
+LINKED: set[int] = set()  # the peers whose link came up (a link gone later is lost)
+
+
+def record_fault(peer: int | None, what: str) -> None:
+    if peer is not None and not FAULTS:
+        FAULTS.append((peer, what))
 
 
 class JobError(PpfsError):
@@ -328,25 +378,63 @@ class RawWire:
 
     @classmethod
     def loads(cls, data: bytes | bytearray | memoryview) -> Any:
+        peer = getattr(data, "peer", None)
+        _last_loaded[:] = [] if peer is None else [peer]
+        try:
+            return cls._loads(data)
+        except MalformedMessage as exc:
+            exc.peer = peer
+            record_fault(peer, exc.what)
+            raise
+
+    @classmethod
+    def _loads(cls, data: bytes | bytearray | memoryview) -> Any:
         buf = bytes(data)
         if buf[:1] == cls._INT and len(buf) == 17:
             return int.from_bytes(buf[1:], "little", signed=True)
         if buf[:1] != cls._ARR or len(buf) < 1 + cls._HDR.size:
-            raise ValueError("malformed message from a peer")
+            raise MalformedMessage(None)
         words, ndim = cls._HDR.unpack_from(buf, 1)
         off = 1 + cls._HDR.size
         if words < 1 or len(buf) < off + 8 * ndim:
-            raise ValueError("malformed message from a peer")
+            raise MalformedMessage(None)
         shape = struct.unpack_from(f"<{ndim}Q", buf, off)
         off += 8 * ndim
-        n = int(np.prod(shape, dtype=np.int64)) if ndim else 1
+        n = math.prod(shape)  # exact: a product that wraps cannot match the length
         if len(buf) != off + 8 * n * words:
-            raise ValueError("malformed message from a peer")
+            raise MalformedMessage(None)
         out = np.zeros(n, dtype=object)
         for j in range(words):
             w = np.frombuffer(buf, dtype="<u8", count=n, offset=off + 8 * n * j).astype(object)
             out += w << (64 * j)
-        return out.reshape(shape)
+        try:
+            return out.reshape(shape)
+        except (ValueError, OverflowError):  # an empty array of absurd dimensions
+            raise MalformedMessage(None) from None
+
+
+def checked_recombine(
+    recombine: Callable[..., Any], own_pid: Callable[[], int | None]
+) -> Callable[..., Any]:
+    """MPyC's ``thresha.np_recombine``, first checking that every share it is given has
+    as many values as this party's own (or, without one, as most of them): a peer's
+    share of another length is its malformed message, named, not this party's error."""
+
+    @functools.wraps(recombine)
+    def checked(field: Any, points: Any, x_rs: Any = 0) -> Any:
+        sizes = [(int(x) - 1, np.size(share)) for x, share in points]
+        own = own_pid()
+        mine = [n for pid, n in sizes if pid == own]
+        counts = [n for _, n in sizes]
+        expected = mine[0] if mine else max(set(counts), key=counts.count)
+        for pid, n in sizes:
+            if n != expected:
+                record_fault(pid, "sent a share of the wrong length")
+                raise MalformedMessage(pid, "sent a share of the wrong length")
+        return recombine(field, points, x_rs)
+
+    checked.checks_sizes = True  # type: ignore[attr-defined]
+    return checked
 
 
 # ------------------------------------------------------------------- runtime
@@ -354,14 +442,16 @@ class RawWire:
 
 def import_mpyc_runtime() -> Any:
     """Import MPyC with this process's own argv hidden from its import-time parser;
-    rebind its wire format (:class:`RawWire`) and its connection handler
-    (:func:`peer_checked_exchanger`)."""
+    rebind its wire format (:class:`RawWire`), its connection handler
+    (:func:`peer_checked_exchanger`) and its recombination of peers' shares
+    (:func:`checked_recombine`)."""
     os.environ.setdefault("MPYC_NOUVLOOP", "1")  # plain asyncio loop: see bind_loopback
     saved = sys.argv
     sys.argv = saved[:1]
     try:
         import mpyc.asyncoro
         import mpyc.runtime
+        import mpyc.thresha
     finally:
         sys.argv = saved
     mpyc.runtime.pickle = RawWire
@@ -369,6 +459,9 @@ def import_mpyc_runtime() -> Any:
     exchanger = mpyc.asyncoro.MessageExchanger
     if not getattr(exchanger, "checks_peers", False):
         mpyc.asyncoro.MessageExchanger = peer_checked_exchanger(exchanger)
+    if not getattr(mpyc.thresha.np_recombine, "checks_sizes", False):
+        mpyc.thresha.np_recombine = checked_recombine(
+            mpyc.thresha.np_recombine, lambda: getattr(mpyc.asyncoro.runtime, "pid", None))
     return mpyc.runtime
 
 
@@ -403,31 +496,94 @@ def refuse_peer(rt: Any, claimed: int, cert: Mapping[str, Any] | None) -> str | 
     return None
 
 
+_FRAME = struct.Struct("<qI")  # MPyC's message header: program counter, payload size
+
+
 def peer_checked_exchanger(base: type) -> type:
-    """MPyC's connection handler (``mpyc.asyncoro.MessageExchanger``) with the
-    listening side's check of :func:`refuse_peer` before the peer's claim, its PRSS
-    keys or any message is taken; a refused connection is dropped and never
-    registered (the honest peer can still connect)."""
+    """MPyC's connection handler (``mpyc.asyncoro.MessageExchanger``) with
+
+    - the listening side's check of :func:`refuse_peer` before the peer's claim, its
+      PRSS keys or any message is taken; a refused connection is dropped and never
+      registered (the honest peer can still connect);
+    - every payload tagged with the party that sent it (:class:`PeerPayload`), so that
+      a message that does not parse names its sender;
+    - a second message for a step whose message from that peer is still unread
+      taken as that peer's fault, where MPyC's own handler fails with an error of
+      its own;
+    - the time since this party waits for each message it has asked a peer for
+      (:func:`longest_wait`), to name the peer a stalled run waits for.
+
+    MPyC 0.11's handler is reimplemented here (the version is pinned)."""
 
     class PeerCheckedExchanger(base):
         checks_peers = True
         refused = False
+        peer_pid: int | None
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.waits: dict[int, float] = {}  # pc -> since when this party waits for it
 
         def data_received(self, data: bytes) -> None:
             if self.refused:
                 return
-            if self.peer_pid is None and len(self.bytes) + len(data) >= 2:
-                head = (bytes(self.bytes) + bytes(data[:2]))[:2]
-                claimed = int.from_bytes(head, "little")
-                cert = self.transport.get_extra_info("peercert")
-                reason = refuse_peer(self.runtime, claimed, cert)
-                if reason is not None:
-                    self.refused = True
-                    log.warning("[MpycParty.connect] refused a connection: %s", reason)
-                    self.bytes.clear()
-                    self.transport.abort()
+            buf = self.bytes
+            buf.extend(data)
+            rt = self.runtime
+            if self.peer_pid is None:  # the dialler's prologue: its number, PRSS keys
+                if len(buf) < 2:
                     return
-            super().data_received(data)
+                claimed = int.from_bytes(buf[:2], "little")
+                reason = refuse_peer(rt, claimed, self.transport.get_extra_info("peercert"))
+                if reason is not None:
+                    self._drop(f"refused a connection: {reason}")
+                    return
+                keys = 0 if rt.options.no_prss else rt._prss_keys_from_peer(claimed)
+                if len(buf) < 2 + keys:
+                    return
+                self.peer_pid = claimed
+                del buf[:2]
+                if keys:
+                    rt._prss_keys_from_peer(claimed, buf)
+                    del buf[:keys]
+                rt.set_protocol(claimed, self)
+                LINKED.add(claimed)
+            while len(buf) >= _FRAME.size:
+                pc, size = _FRAME.unpack_from(buf)
+                end = _FRAME.size + size
+                if len(buf) < end:
+                    break
+                with memoryview(buf) as view:
+                    payload = PeerPayload(view[_FRAME.size:end])
+                payload.peer = self.peer_pid
+                del buf[:end]
+                waiting = self.buffers.pop(pc, None)
+                if waiting is None:
+                    self.buffers[pc] = payload
+                elif isinstance(waiting, asyncio.Future) and not waiting.done():
+                    self.waits.pop(pc, None)
+                    waiting.set_result(payload)
+                else:  # an unread message for this step is there already
+                    record_fault(self.peer_pid, "sent two messages for one step")
+                    self._drop("a peer sent two messages for one step")
+                    return
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            if self.peer_pid is not None:  # this party dialled: the link is up
+                LINKED.add(self.peer_pid)
+
+        def receive(self, pc: int) -> Any:
+            payload = super().receive(pc)
+            if isinstance(payload, asyncio.Future) and not payload.done():
+                self.waits.setdefault(pc, time.monotonic())
+            return payload
+
+        def _drop(self, reason: str) -> None:
+            self.refused = True
+            log.warning("[MpycParty.connect] %s", reason)
+            self.bytes.clear()
+            self.transport.abort()
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self.peer_pid is None:  # never registered as any party's link
@@ -493,21 +649,60 @@ def bind_loopback(rt: Any, host: str) -> None:
         log.warning("[MpycParty.bind] cannot restrict the listening address")
 
 
-def peer_lost(rt: Any) -> bool:
+def lost_peers(rt: Any) -> list[int]:
+    """The peers whose link came up and is gone."""
+    lost = []
     for p in rt.parties:
-        if p.pid == rt.pid:
+        if p.pid == rt.pid or p.pid not in LINKED:
             continue
         proto = p.protocol
         if proto is None or proto.transport is None or proto.transport.is_closing():
-            return True
-    return False
+            lost.append(p.pid)
+    return lost
+
+
+def peer_trouble(rt: Any) -> Exception | None:
+    """Why the run cannot go on because of a peer (its message did not parse or fit,
+    or its link is gone), naming the peer; None while all is well."""
+    if FAULTS:
+        peer, what = FAULTS[0]
+        return PeerFaultError(peer, what)
+    lost = lost_peers(rt)
+    if lost:
+        return PeerLostError("lost its connection to " + ", ".join(party_name(i) for i in lost))
+    return None
+
+
+def longest_wait(rt: Any) -> int | None:
+    """The peer whose message this party has waited for longest (None: none awaited)."""
+    since: list[tuple[float, int]] = []
+    for p in rt.parties:
+        waits = getattr(p.protocol, "waits", None) if p.pid != rt.pid else None
+        if waits:
+            since.append((min(waits.values()), p.pid))
+    return min(since)[1] if since else None
+
+
+def stalled(rt: Any, connecting: bool) -> TimeoutError:
+    """The time-out, naming the peers a party still waits for (never a value)."""
+    if connecting:
+        missing = [p.pid for p in rt.parties if p.pid != rt.pid and p.protocol is None]
+        if missing:
+            names = ", ".join(party_name(i) for i in missing)
+            return TimeoutError(f"timed out: no MPC connection with {names}")
+        return TimeoutError("timed out while connecting")
+    peer = longest_wait(rt)
+    if peer is not None:
+        return TimeoutError(f"timed out waiting for a message from {party_name(peer)}")
+    return TimeoutError("timed out")
 
 
 async def guarded(
-    coro: Awaitable[Any], deadline: float, check_peers: Callable[[], bool] | None,
-    parent: int,
+    coro: Awaitable[Any], deadline: float, check_peers: Callable[[], Exception | None] | None,
+    parent: int, on_timeout: Callable[[], Exception] | None = None,
 ) -> Any:
-    """Await ``coro`` but give up when a peer is lost, the deadline passes or the
+    """Await ``coro`` but give up when a peer is lost or misbehaves (``check_peers``
+    says why), the deadline passes (``on_timeout`` says what was awaited) or the
     engine (our parent process) is gone."""
     task = asyncio.ensure_future(coro)
     try:
@@ -515,10 +710,11 @@ async def guarded(
             done, _ = await asyncio.wait({task}, timeout=WATCHDOG_PERIOD)
             if done:
                 return task.result()
-            if check_peers is not None and check_peers():
-                raise PeerLostError("an MPC peer was lost")
+            trouble = check_peers() if check_peers is not None else None
+            if trouble is not None:
+                raise trouble
             if time.monotonic() > deadline:
-                raise TimeoutError("the MPC run timed out")
+                raise on_timeout() if on_timeout is not None else TimeoutError("timed out")
             if os.getppid() != parent:
                 raise PeerLostError("the engine process is gone")
     finally:
@@ -960,31 +1156,46 @@ def run_party(job: PartyJob) -> int:
     async def session() -> None:
         status.phase("connecting")
         await guarded(rt.start(), min(deadline, time.monotonic() + job.start_timeout), None,
-                      parent)
+                      parent, lambda: stalled(rt, connecting=True))
         t_mpc = time.monotonic()
         status.phase("checking the session")
         await guarded(check_session(rt, secint, job.session_tag), deadline,
-                      lambda: peer_lost(rt), parent)
+                      lambda: peer_trouble(rt), parent, lambda: stalled(rt, connecting=False))
         status.phase("loading shares")  # only now, with peers of this very job
         inputs = load_inputs(job, roles)
         opened = await guarded(
             select_top_k(rt, secint, job, inputs, roles, status), deadline,
-            lambda: peer_lost(rt), parent,
+            lambda: peer_trouble(rt), parent, lambda: stalled(rt, connecting=False),
         )
         stats["bytes_sent"] = bytes_sent(rt)
         stats["mpc_seconds"] = time.monotonic() - t_mpc
         if opened is not None and job.output_path is not None:
             write_durable(job.output_path, opened.astype("<u8").tobytes())
         status.phase("shutting down")
-        await guarded(rt.shutdown(), min(deadline, time.monotonic() + 60.0), None, parent)
+        await guarded(rt.shutdown(), min(deadline, time.monotonic() + 60.0), None, parent,
+                      lambda: stalled(rt, connecting=False))
 
+    failures: list[BaseException] = []
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        # in place of asyncio's and MPyC's handlers, which print stacks and the reprs of
+        # tasks and futures: kept for run_party to judge, logged by type only
+        exc = context.get("exception")
+        if exc is not None:
+            failures.append(exc)
+        log.warning("[MpycParty.loop] an event loop callback failed (%s)",
+                    type(exc).__name__ if exc is not None else "no exception")
+
+    rt._loop.set_exception_handler(handler)
     try:
         rt.run(session())
-    except RuntimeError:
+    except (RuntimeError, MalformedMessage) as exc:
         # MPyC stops its event loop when one of its coroutines fails ("Event loop stopped
-        # before Future completed"); when a peer's connection is gone that is the cause
-        if peer_lost(rt):
-            raise PeerLostError("an MPC peer was lost") from None
+        # before Future completed"): a peer's message that did not parse or fit, or a
+        # peer's link that is gone, is the cause then
+        trouble = peer_trouble(rt) or misfit_input(failures if failures else [exc])
+        if trouble is not None:
+            raise trouble from None
         raise
     status.phase("done")
     stats["seconds"] = time.monotonic() - t_start
@@ -995,12 +1206,29 @@ def run_party(job: PartyJob) -> int:
     return EXIT_OK
 
 
-def _fail(job: PartyJob | None, code: int, reason: str) -> int:
+def misfit_input(failures: list[BaseException]) -> PeerFaultError | None:
+    """A peer's input share that parsed but does not have the input's shape (MPyC's
+    ``Runtime._distribute`` reshapes each right after unmarshalling it, so the payload
+    taken last was that peer's)."""
+    for exc in failures:
+        if not isinstance(exc, ValueError) or not _last_loaded:
+            continue
+        frames = traceback.extract_tb(exc.__traceback__)
+        if any(f.name == "_distribute" and f.filename.endswith(os.path.join("mpyc", "runtime.py"))
+               for f in frames):
+            return PeerFaultError(_last_loaded[0], "sent an input share of the wrong length")
+    return None
+
+
+def _fail(job: PartyJob | None, code: int, reason: str, peer: int | None = None) -> int:
     log.error("[MpycParty.fail] code=%d reason=%s", code, reason)
     if job is not None:
         with contextlib.suppress(OSError):
-            write_result(job.result_path, {"party": job.party, "exit_code": code,
-                                           "reason": reason[:200]})
+            result: dict[str, Any] = {"party": job.party, "exit_code": code,
+                                      "reason": reason[:200]}
+            if peer is not None:
+                result["peer"] = peer
+            write_result(job.result_path, result)
     return code
 
 
@@ -1020,10 +1248,12 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(job, EXIT_SESSION, str(exc))
     except OutOfRangeError as exc:
         return _fail(job, EXIT_OUT_OF_RANGE, exc.kind)
-    except PeerLostError:
-        return _fail(job, EXIT_PEER_LOST, "an MPC peer was lost")
-    except TimeoutError:
-        return _fail(job, EXIT_TIMEOUT, "timed out")
+    except PeerFaultError as exc:
+        return _fail(job, EXIT_PEER_FAULT, str(exc), exc.peer)
+    except PeerLostError as exc:
+        return _fail(job, EXIT_PEER_LOST, str(exc) or "an MPC peer was lost")
+    except TimeoutError as exc:
+        return _fail(job, EXIT_TIMEOUT, str(exc) or "timed out")
     except Exception as exc:
         log.error("[MpycParty.fail] internal error", exc_info=True)
         return _fail(job, EXIT_INTERNAL, f"internal error ({type(exc).__name__})")
