@@ -685,3 +685,51 @@ def test_mpspdz_separable_data_in_range_matches_oracle(security: Security,
                                  MpSpdzEngine(mpspdz_home(), timeout=300), tmp_path,
                                  train=params))
     _check_against_oracle(sel, table, 2, params)
+
+
+_WEIGHT_CHECK_HELPER = r'''
+import json, sys
+import numpy as np
+from ppfs.engines import mpyc_party as mp
+
+runtime = mp.import_mpyc_runtime()
+saved, sys.argv = sys.argv, [sys.argv[0], "-M1", "--no-log", "-K", str(mp.STATISTICAL_SECURITY)]
+rt = runtime.setup()
+sys.argv = saved
+secint = mp.make_secint(rt)
+limit, w, b, a = json.loads(sys.argv[1])
+
+async def main():
+    await rt.start()
+    arr = lambda v: secint.array(np.array(v, dtype=object))
+    bad, w2, b2, a2 = await mp.weight_check(rt, secint, limit, arr(w), arr(b), arr(a))
+    out = [int(await rt.output(bad))]
+    for v in (w2, b2, a2):
+        out.append([int(x) for x in (await rt.output(v)).reshape(-1)])
+    print(json.dumps(out))
+    await rt.shutdown()
+
+rt.run(main())
+'''
+
+
+def test_mpyc_weight_check_zeroes_what_it_finds_out_of_range(tmp_path: Path) -> None:
+    """MPyC masks an opened value statistically, 2^40 times the largest value the opening
+    is sized for: after an epoch whose weight check fails (the run stops once training
+    ends), the weights out of range are set to zero, so that the epochs still to run stay
+    within those sizes however far the weights strayed; in range nothing changes."""
+    limit = 1 << 20
+    weights = [[0, limit - 1], [-(limit - 1), limit], [-limit, 5]]
+    inter = [1 << 40, -3]
+    fwd = [[11, 12], [13, 14], [15, 16]]
+    helper = tmp_path / "weight_check.py"
+    helper.write_text(_WEIGHT_CHECK_HELPER)
+    out = subprocess.run([sys.executable, str(helper), json.dumps([limit, weights, inter, fwd])],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("["))  # not MPyC's log
+    bad, w2, b2, a2 = json.loads(line)
+    assert bad == 3                                   # limit, -limit, 2^40
+    assert w2 == [0, limit - 1, -(limit - 1), 0, 0, 5]
+    assert b2 == [0, -3]
+    assert a2 == [11, 12, 13, 0, 0, 16]               # follow their weights

@@ -821,8 +821,10 @@ async def select_top_k(
     offsets = rank.reshape(p, 1) - np.arange(k, dtype=object).reshape(1, k)
     sel = rt.np_sgn(offsets, l=bitlen(p) + 1, EQ=True)  # (p, k)
     idx = (sel * np.arange(p, dtype=object).reshape(p, 1)).sum(axis=0)
-    reduced = x @ sel  # (m, k)
     parts = [idx]
+    # D' only for whoever reads it: its owner, or training (a job that only selects
+    # never opens it); whether it is built depends on the public shape alone
+    reduced: Any = x @ sel if sh.reveal_reduced or sh.train is not None else None  # (m, k)
     if sh.reveal_reduced:
         parts.append(reduced.reshape(-1))
     if sh.train is not None:
@@ -1049,17 +1051,37 @@ async def train_logistic(
                                   inter - _trunc(rt, grad_b * eta, step2b.ETA_FRAC))
             fwd = await _settle(rt, secint, _trunc(rt, weights * gcol, c.fwd_shift))
         # the weight check at the end of the epoch: [|v| >= 2^weight_bits]
-        wv = rt.np_concatenate([weights.reshape(-1), inter])
-        lt = rt.np_sgn(rt.np_concatenate([wv - wl, wv + (wl - 1)]),
-                       l=step2b.RANGE_CHECK_BITS, LT=True)
-        n = wv.shape[0]
-        out_of_range = out_of_range + ((1 - lt[:n]) + lt[n:]).sum()
+        bad, weights, inter, fwd = await weight_check(rt, secint, wl, weights, inter, fwd)
+        out_of_range = out_of_range + bad
     await _open_range_bit(rt, out_of_range, 2 * (k + 1) * nm * c.epochs, "weights")
     # the model in original units, expanded to all p columns by T
     mant = _trunc(rt, weights * g.reshape(k, 1), f)
     alpha = _trunc(rt, mant * p30.reshape(k, 1), c.preshift)
     beta = inter - _trunc(rt, weights * ratio.reshape(k, 1), f).sum(axis=0)
     return sel @ alpha, beta
+
+
+async def weight_check(
+    rt: Any, secint: Any, limit: int, weights: Any, inter: Any, fwd: Any
+) -> tuple[Any, Any, Any, Any]:
+    """The end-of-epoch weight check: (the number of weights and intercepts with
+    |v| >= ``limit``, secret; then weights, intercepts and forward weights with those set
+    to zero). The run stops once training ends if the count is not zero, but the epochs
+    until then compute on these values: zeroed, every later product, truncation and
+    comparison stays within the bits it is sized for, and so within what MPyC's
+    statistical masks hide (2^40 times the largest value an opening is sized for),
+    however far the weights strayed. In range, nothing changes (a product by 1 is exact)."""
+    k, nm = weights.shape
+    wv = rt.np_concatenate([weights.reshape(-1), inter])
+    lt = rt.np_sgn(rt.np_concatenate([wv - limit, wv + (limit - 1)]),
+                   l=step2b.RANGE_CHECK_BITS, LT=True)
+    n = wv.shape[0]
+    bad = (1 - lt[:n]) + lt[n:]                 # 0 or 1 each: one side at most
+    keep = await _settle(rt, secint, 1 - bad)
+    kw = keep[:k * nm].reshape(k, nm)
+    return (bad.sum(), await _settle(rt, secint, weights * kw),
+            await _settle(rt, secint, inter * keep[k * nm:]),
+            await _settle(rt, secint, fwd * kw))
 
 
 async def _open_range_bit(rt: Any, count: Any, most: int, kind: str) -> None:
