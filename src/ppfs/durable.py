@@ -56,8 +56,10 @@ def write_replacing(path: Path, data: bytes, mode: int) -> None:
     """Write ``path`` (new, or over the old one) with ``mode`` from its first byte:
     through a fresh, randomly named file created exclusively (never one that was there
     before, whatever its mode, nor a link), synced, then renamed over ``path`` (a link
-    found there is replaced, never written through)."""
+    found there is replaced, never written through), and the rename synced with the
+    folder: once it returns, the new file outlives a crash of the machine too."""
     _write_replace(path, [data], sync=True, mode=mode)
+    fsync_dir(path.parent)
 
 
 def _write_replace(path: Path, parts: Iterable[bytes | memoryview], *, sync: bool,
