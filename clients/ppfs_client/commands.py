@@ -35,7 +35,7 @@ from ppfs.keycert import ANCHOR_ENV, TrustAnchor
 from ppfs.table import read_csv, read_features
 from ppfs_client.keys import ClientKeys
 from ppfs_client.progress import FINAL_STATES, JobProgressView, change_line, signature
-from ppfs_client.sdk import ApiError, GatewayClient, OwnerTable
+from ppfs_client.sdk import ApiError, GatewayClient, OwnerTable, RefusedAnswer
 from ppfs_client.terminal import printable
 
 EXIT_FAILED = 1
@@ -228,6 +228,11 @@ def _client(args: argparse.Namespace) -> GatewayClient:
     token = args.token or os.environ.get("PPFS_TOKEN")
     if not token:
         raise ParameterError("no token: pass --token or set PPFS_TOKEN")
+    if args.token:
+        # a command line is readable by every user of the machine (ps, /proc/PID/cmdline);
+        # the environment only by this user
+        print("ppfs: warning: a token given with --token is visible to other users of this "
+              "machine while ppfs runs (ps); set PPFS_TOKEN instead", file=sys.stderr)
     ca = args.ca or (Path(os.environ["PPFS_CA"]) if os.environ.get("PPFS_CA") else None)
     anchor = getattr(args, "deployment_ca", None) or os.environ.get(ANCHOR_ENV)
     trust = TrustAnchor.parse(anchor) if anchor else None  # refused where keys matter
@@ -257,6 +262,17 @@ def _guard(fn: Any) -> Any:
             return EXIT_USAGE
         except PpfsError as exc:
             _err(str(exc))
+            return EXIT_FAILED
+        except OSError as exc:  # a local file: the message names it
+            _err(f"{exc.filename or ''}: {exc.strerror or type(exc).__name__}"
+                 if exc.filename else str(exc))
+            return EXIT_FAILED
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            # what the commands print comes from the gateway's answers: one whose fields
+            # are not of the types the client expects ends here, in one line, and the
+            # command stops where it was (nothing it would keep from that answer is kept)
+            _err(str(RefusedAnswer(
+                f"the gateway's answer is not what the client expects ({type(exc).__name__})")))
             return EXIT_FAILED
 
     return run
@@ -518,6 +534,12 @@ def _jobs_submit(args: argparse.Namespace) -> int:
             "seed": train.seed,
             "weight_bits": train.weight_bits,
         }
+    pending = keys.pending_requests()
+    if pending:
+        print(f"ppfs: note: {len(pending)} earlier submission(s) with this key got no job id "
+              f"back (the client stopped, or the gateway did not answer); if one became a "
+              f"job (`ppfs jobs list`), `ppfs result fetch JOB_ID` checks it against the "
+              f"request kept in {pending[0].parent}", file=sys.stderr)
     with _client(args) as client:
         engine = args.engine or _default_engine(client, args.security)
         job = client.submit(
@@ -620,6 +642,7 @@ def _result_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+@_guard
 def _keys_create(args: argparse.Namespace) -> int:
     if args.out.exists():
         _err(f"{args.out} exists; not overwriting a key file")

@@ -15,9 +15,12 @@ is opened only as the answer to the request submitted as that job.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,15 +29,32 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from ppfs.contract import SignedRequest
+from ppfs.durable import fsync_dir
 from ppfs.errors import ParameterError
 from ppfs.pki import replace_private_file
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+def write_private(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, 0600, durably; folders made for it 0700, durably too."""
+    _make_dirs(path.parent)
     replace_private_file(path, data)
+
+
+def _make_dirs(folder: Path) -> None:
+    if folder.is_dir():
+        return
+    _make_dirs(folder.parent)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    fsync_dir(folder.parent)  # the new folder's name outlives a crash
+
+
+def _request_json(request: SignedRequest) -> bytes:
+    return json.dumps({
+        "statement": base64.b64encode(request.statement).decode(),
+        "signature": base64.b64encode(request.signature).decode(),
+    }).encode()
 
 
 @dataclass(frozen=True)
@@ -67,13 +87,23 @@ class ClientKeys:
             },
             indent=2,
         ).encode()
-        _write_private(path, blob)
+        write_private(path, blob)
         return ClientKeys(self.subject, self.signing, self.box, path)
 
     @classmethod
     def load(cls, path: Path) -> ClientKeys:
+        """The key file at ``path``; ParameterError naming it if it is missing, not a key
+        file, or readable or writable by anyone but its owner (as ssh refuses such a key:
+        whoever could read it could sign as this subject and open its results)."""
         try:
-            d = json.loads(path.read_text(encoding="utf-8"))
+            with open(path, "rb") as fh:
+                mode = os.fstat(fh.fileno()).st_mode
+                if stat.S_ISREG(mode) and mode & 0o077:
+                    raise ParameterError(
+                        f"{path}: a key file others can read or write (mode "
+                        f"{stat.S_IMODE(mode):04o}) is not used; if no one else has read it, "
+                        f"make it private (chmod 600 {path}), otherwise make a new key")
+                d = json.loads(fh.read(1 << 16).decode("utf-8"))
             return cls(
                 str(d["subject"]),
                 SigningKey(base64.b64decode(d["signing_key"])),
@@ -94,10 +124,9 @@ class ClientKeys:
 
     def save_mask_words(self, upload_id: str, words: np.ndarray) -> Path:
         path = self._mask_path(upload_id)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         buf = io.BytesIO()
         np.save(buf, np.asarray(words, dtype=np.int64), allow_pickle=False)
-        replace_private_file(path, buf.getvalue())
+        write_private(path, buf.getvalue())
         return path
 
     def _job_path(self, job_id: str) -> Path:
@@ -117,12 +146,62 @@ class ClientKeys:
         kept = self.load_job_request(job_id)
         if kept is not None and kept.statement != request.statement:
             raise ParameterError(f"job {job_id} already answers another request of this key")
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_private(path, json.dumps({
-            "statement": base64.b64encode(request.statement).decode(),
-            "signature": base64.b64encode(request.signature).decode(),
-        }).encode())
+        write_private(path, _request_json(request))
+        # the job id is kept: the request no longer waits for one
+        self._pending_path(hashlib.sha256(request.statement).hexdigest()).unlink(
+            missing_ok=True)
         return path
+
+    def _pending_path(self, request_sha256: str) -> Path:
+        if self.path is None:
+            raise ParameterError("submitted requests need a key file on disk to live next to")
+        if not re.fullmatch(r"[0-9a-f]{64}", request_sha256):
+            raise ParameterError("not a request hash")
+        return self.path.with_name(self.path.name + ".jobs") / "pending" / \
+            f"{request_sha256}.json"
+
+    def keep_pending_request(self, request: SignedRequest) -> Path | None:
+        """Keep a signed request before it is submitted (None without a key file): if the
+        client stops before the gateway's answer (the job id) is kept, the result of the
+        job it became still opens only as the answer to it (:meth:`adopt_pending_request`)."""
+        if self.path is None:
+            return None
+        path = self._pending_path(hashlib.sha256(request.statement).hexdigest())
+        write_private(path, _request_json(request))
+        return path
+
+    def drop_pending_request(self, request: SignedRequest) -> None:
+        """The gateway refused the request: no job answers it."""
+        if self.path is not None:
+            self._pending_path(hashlib.sha256(request.statement).hexdigest()).unlink(
+                missing_ok=True)
+
+    def pending_requests(self) -> list[Path]:
+        """Requests submitted with this key file whose job id was never kept."""
+        if self.path is None:
+            return []
+        folder = self.path.with_name(self.path.name + ".jobs") / "pending"
+        return sorted(folder.glob("*.json")) if folder.is_dir() else []
+
+    def adopt_pending_request(self, job_id: str, request_sha256: str) -> SignedRequest | None:
+        """The kept request of SHA-256 ``request_sha256``, whose submission got no kept
+        answer, now kept as ``job_id``'s (the parties signed that ``job_id`` ran it);
+        None if there is no such request."""
+        if self.path is None:
+            return None
+        path = self._pending_path(request_sha256)
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+            request = SignedRequest(base64.b64decode(d["statement"]),
+                                    base64.b64decode(d["signature"]))
+        except (FileNotFoundError, ParameterError):
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ParameterError(f"{path}: not a kept job request") from None
+        if hashlib.sha256(request.statement).hexdigest() != request_sha256:
+            raise ParameterError(f"{path}: not the request its name says")
+        self.save_job_request(job_id, request)
+        return request
 
     def load_job_request(self, job_id: str) -> SignedRequest | None:
         """The signed request submitted as ``job_id`` with this key file; None if none was."""
@@ -141,9 +220,18 @@ class ClientKeys:
     def load_mask_words(self, upload_id: str) -> np.ndarray:
         path = self._mask_path(upload_id)
         try:
-            return np.asarray(np.load(path, allow_pickle=False), dtype=np.int64)
+            words = np.load(path, allow_pickle=False)
         except FileNotFoundError:
             raise ParameterError(
                 f"no mask words for upload {upload_id} next to {self.path}: "
                 "only the recipient who uploaded the masks can open this result"
             ) from None
+        except (OSError, ValueError, EOFError):
+            words = None
+        if not isinstance(words, np.ndarray) or words.dtype != np.int64 \
+                or words.ndim != 2 or words.shape[1] != 2:
+            # this machine's own file, not the gateway's answer: say so
+            raise ParameterError(
+                f"{path}: not the mask words this client wrote (damaged?): the result of "
+                f"mask upload {upload_id} cannot be unmasked without them")
+        return words

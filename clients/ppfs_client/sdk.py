@@ -22,6 +22,7 @@ import datetime as dt
 import hashlib
 import json
 import ssl
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,15 @@ from ppfs_client.sent import load_sent, save_sent
 MASK_COLUMNS = ("mask_w0", "mask_w1")
 Progress = Callable[[int, int], None]  # (bytes sent, total)
 
+# The most of one answer the client reads (a job list, a deployment, a result: far less);
+# a gateway that sends more is refused after that many bytes, not read to the end.
+MAX_ANSWER_BYTES = 64 << 20
+# One line of the job event stream (one job as JSON: a few KiB).
+MAX_EVENT_LINE = 1 << 20
+# The gateway sends a keep-alive every 15 s on the event stream; silence this long is a
+# gateway that stopped answering.
+EVENT_SILENCE = 90.0
+
 
 class RefusedAnswer(PpfsError):
     """An answer of the gateway's that the client refuses (it does not parse, or it says
@@ -62,13 +72,53 @@ class RefusedAnswer(PpfsError):
 
 
 class ApiError(PpfsError):
-    """The gateway answered with a problem (RFC 9457)."""
+    """The gateway answered with a problem (RFC 9457), or not at all (status 0)."""
 
     def __init__(self, status: int, title: str, detail: str) -> None:
         super().__init__(f"{title} ({status}): {detail}" if detail else f"{title} ({status})")
         self.status = status
         self.title = title
         self.detail = detail
+
+
+class MissingField(RefusedAnswer, KeyError):
+    """A field the gateway's answer lacks (a KeyError too, for code that expects one)."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+
+class Answer(dict[str, Any]):
+    """A JSON object the gateway sent: a field it lacks is refused (MissingField naming
+    the field), not a bare KeyError deep inside the client."""
+
+    def __missing__(self, key: str) -> Any:
+        raise MissingField(f"the gateway's answer lacks the field {str(key)[:40]!r}")
+
+
+def parse_answer(body: bytes, what: str) -> Any:
+    """The JSON the gateway sent (objects as :class:`Answer`); RefusedAnswer if it is not
+    JSON."""
+    try:
+        return json.loads(body, object_hook=Answer)
+    except (ValueError, RecursionError):
+        raise RefusedAnswer(f"the gateway's answer to {what} is not JSON") from None
+
+
+def _is_token(token: str) -> bool:
+    return bool(token) and all("!" <= ch <= "~" for ch in token)
+
+
+def _as_object(got: Any, what: str) -> dict[str, Any]:
+    if not isinstance(got, dict):
+        raise RefusedAnswer(f"the gateway's answer to {what} is not a JSON object")
+    return got
+
+
+def _as_objects(got: Any, what: str) -> list[dict[str, Any]]:
+    if not isinstance(got, list) or not all(isinstance(x, dict) for x in got):
+        raise RefusedAnswer(f"the gateway's answer to {what} is not a list of JSON objects")
+    return got
 
 
 @dataclass(frozen=True)
@@ -197,15 +247,30 @@ class GatewayClient:
         # without it nothing is sealed to a party and no result is opened
         self.trust = trust
         # a CA bundle path (an HTTPS gateway with a deployment certificate) or True/False
-        tls: bool | ssl.SSLContext = (
-            ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
-        )
+        try:
+            tls: bool | ssl.SSLContext = (
+                ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
+            )
+        except (OSError, ssl.SSLError):
+            raise ParameterError(
+                f"{verify}: not a readable CA bundle (PEM) for the gateway's HTTPS") from None
+        if not _is_token(token):
+            raise ParameterError(
+                "the bearer token holds characters no token has (only printable ASCII, "
+                "no spaces)")
+        # the whole of one answer must arrive within ``timeout``: a gateway that drips
+        # bytes cannot hold the client for longer than a silent one
+        self._deadline = timeout
+        self._max_answer = MAX_ANSWER_BYTES
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
             transport=transport,
             verify=tls,
+            # a redirect is an answer like any other (refused): the token never follows
+            # it to another place
+            follow_redirects=False,
         )
 
     def close(self) -> None:
@@ -217,22 +282,61 @@ class GatewayClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @staticmethod
-    def _check(resp: httpx.Response) -> Any:
-        if resp.status_code >= 400:
-            try:
-                p = resp.json()
-                raise ApiError(resp.status_code, str(p.get("title", "")), str(p.get("detail", "")))
-            except ValueError:
-                raise ApiError(resp.status_code, resp.reason_phrase, "") from None
-        return resp.json()
-
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
+    def _send(self, method: str, path: str, *, body: Any = None, content: Any = None,
+              headers: dict[str, str] | None = None) -> tuple[httpx.Response, bytes]:
+        """One request; its answer read whole, but never more than ``self._max_answer``
+        bytes nor for longer than the timeout (ApiError status 0 or RefusedAnswer)."""
+        what = f"{method} {path.split('?')[0]}"
+        start = time.monotonic()
         try:
-            resp = self._http.request(method, path, json=body)
+            request = self._http.build_request(method, path, json=body, content=content,
+                                               headers=headers)
+            resp = self._http.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise ApiError(0, "gateway unreachable", type(exc).__name__) from None
-        return self._check(resp)
+        try:
+            # an upload's body may take long to send; the answer itself must not
+            deadline = (time.monotonic() if content is not None else start) + self._deadline
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self._max_answer:
+                raise RefusedAnswer(
+                    f"the gateway's answer to {what} is {int(declared)} bytes long, more than "
+                    f"the {self._max_answer} this client reads")
+            got = bytearray()
+            for chunk in resp.iter_bytes():
+                got += chunk
+                if len(got) > self._max_answer:
+                    raise RefusedAnswer(
+                        f"the gateway's answer to {what} is longer than the "
+                        f"{self._max_answer} bytes this client reads")
+                if time.monotonic() > deadline:
+                    raise ApiError(0, "gateway too slow",
+                                   f"its answer to {what} took more than {self._deadline:g} s")
+            return resp, bytes(got)
+        except httpx.HTTPError as exc:
+            raise ApiError(0, "gateway unreachable", type(exc).__name__) from None
+        finally:
+            resp.close()
+
+    @staticmethod
+    def _check(resp: httpx.Response, body: bytes, what: str = "a request") -> Any:
+        if 300 <= resp.status_code < 400:
+            raise ApiError(resp.status_code, "the gateway redirected the request elsewhere",
+                           "not followed")
+        if resp.status_code >= 400 or resp.status_code < 200:
+            try:
+                p = json.loads(body)
+            except (ValueError, RecursionError):
+                p = None
+            if not isinstance(p, dict):
+                raise ApiError(resp.status_code, resp.reason_phrase or "error", "")
+            raise ApiError(resp.status_code, str(p.get("title", ""))[:200],
+                           str(p.get("detail", ""))[:2000])
+        return parse_answer(body, what)
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        resp, got = self._send(method, path, body=body)
+        return self._check(resp, got, f"{method} {path.split('?')[0]}")
 
     # -- plain calls -----------------------------------------------------------------
 
@@ -245,7 +349,7 @@ class GatewayClient:
         """:meth:`deployment` and the one answer it was verified from."""
         if self.trust is None:
             raise NoTrustAnchor()
-        raw = dict(self._call("GET", "/v1/deployment"))
+        raw = _as_object(self._call("GET", "/v1/deployment"), "GET /v1/deployment")
         return Deployment.from_json(raw, self.trust), raw
 
     def create_dataset(
@@ -254,16 +358,17 @@ class GatewayClient:
         body: dict[str, Any] = {"name": name, "kind": kind}
         if owner_id:
             body["owner_id"] = owner_id
-        return dict(self._call("POST", "/v1/datasets", body))
+        return _as_object(self._call("POST", "/v1/datasets", body), "POST /v1/datasets")
 
     def list_datasets(self, kind: str = "data") -> list[dict[str, Any]]:
-        return list(self._call("GET", f"/v1/datasets?kind={kind}"))
+        return _as_objects(self._call("GET", f"/v1/datasets?kind={kind}"), "GET /v1/datasets")
 
     def get_dataset(self, dataset_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/v1/datasets/{dataset_id}"))
+        return _as_object(self._call("GET", f"/v1/datasets/{dataset_id}"), "a data set")
 
     def grant(self, dataset_id: str, subject: str) -> dict[str, Any]:
-        return dict(self._call("POST", f"/v1/datasets/{dataset_id}/grants", {"subject": subject}))
+        return _as_object(self._call("POST", f"/v1/datasets/{dataset_id}/grants",
+                                     {"subject": subject}), "a grant")
 
     def consent(
         self, keys: ClientKeys, dataset_id: str, recipient: str, recipient_key: bytes,
@@ -281,10 +386,12 @@ class GatewayClient:
             raise ParameterError(f"consent: {exc}") from None
         body = {"statement": base64.b64encode(signed.statement).decode(),
                 "signature": base64.b64encode(signed.signature).decode()}
-        return dict(self._call("POST", f"/v1/datasets/{dataset_id}/consents", body))
+        return _as_object(self._call("POST", f"/v1/datasets/{dataset_id}/consents", body),
+                          "a consent")
 
     def list_consents(self, dataset_id: str) -> list[dict[str, Any]]:
-        return list(self._call("GET", f"/v1/datasets/{dataset_id}/consents"))
+        return _as_objects(self._call("GET", f"/v1/datasets/{dataset_id}/consents"),
+                           "the consents")
 
     def post_upload(
         self, dataset_id: str, body: dict[str, Any], progress: Progress | None = None
@@ -299,44 +406,48 @@ class GatewayClient:
                 if progress:
                     progress(min(off + step, total), total)
 
-        try:
-            resp = self._http.post(
-                f"/v1/datasets/{dataset_id}/uploads",
-                content=chunks(),
-                headers={"Content-Type": "application/json", "Content-Length": str(total)},
-            )
-        except httpx.HTTPError as exc:
-            raise ApiError(0, "gateway unreachable", type(exc).__name__) from None
-        return dict(self._check(resp))
+        resp, got = self._send(
+            "POST", f"/v1/datasets/{dataset_id}/uploads", content=chunks(),
+            headers={"Content-Type": "application/json", "Content-Length": str(total)},
+        )
+        return _as_object(self._check(resp, got, "an upload"), "an upload")
 
     def submit_job(self, body: dict[str, Any]) -> dict[str, Any]:
-        return dict(self._call("POST", "/v1/jobs", body))
+        return _as_object(self._call("POST", "/v1/jobs", body), "POST /v1/jobs")
 
     def get_job(self, job_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/v1/jobs/{job_id}"))
+        return _as_object(self._call("GET", f"/v1/jobs/{job_id}"), "a job")
 
     def list_jobs(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/v1/jobs"))
+        return _as_objects(self._call("GET", "/v1/jobs"), "GET /v1/jobs")
 
     def cancel_job(self, job_id: str) -> dict[str, Any]:
-        return dict(self._call("POST", f"/v1/jobs/{job_id}/cancel"))
+        return _as_object(self._call("POST", f"/v1/jobs/{job_id}/cancel"), "a cancel")
 
     def result_parts(self, job_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/v1/jobs/{job_id}/result"))
+        return _as_object(self._call("GET", f"/v1/jobs/{job_id}/result"), "a result")
 
     def events(self, job_id: str) -> Iterator[dict[str, Any]]:
         """The job as it changes (server-sent events), until it reaches a final state."""
+        # no end to the stream as a whole (a job runs as long as it runs), but the
+        # gateway's keep-alives must come, and no line is read past MAX_EVENT_LINE
+        timeout = httpx.Timeout(self._deadline, read=max(self._deadline, EVENT_SILENCE))
         try:
-            with self._http.stream("GET", f"/v1/jobs/{job_id}/events", timeout=None) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    self._check(resp)
+            with self._http.stream("GET", f"/v1/jobs/{job_id}/events", timeout=timeout) as resp:
+                if not 200 <= resp.status_code < 300:
+                    got = bytearray()
+                    for chunk in resp.iter_bytes():
+                        got += chunk
+                        if len(got) > MAX_EVENT_LINE:
+                            break
+                    self._check(resp, bytes(got[:MAX_EVENT_LINE]), "the job's events")
                 event = ""
-                for line in resp.iter_lines():
+                for line in _lines(resp.iter_bytes(), MAX_EVENT_LINE):
                     if line.startswith("event:"):
                         event = line[6:].strip()
                     elif line.startswith("data:") and event == "job":
-                        yield json.loads(line[5:])
+                        yield _as_object(parse_answer(line[5:].encode(), "the job's events"),
+                                         "the job's events")
                     elif line.startswith("data:") and event == "end":
                         return
         except httpx.HTTPError as exc:
@@ -362,7 +473,7 @@ class GatewayClient:
     # -- all-or-nothing uploads: what every party holds, and repairs ------------------
 
     def check_dataset(self, dataset_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/v1/datasets/{dataset_id}/check"))
+        return _as_object(self._call("GET", f"/v1/datasets/{dataset_id}/check"), "a check")
 
     def repair_dataset(self, keys: ClientKeys, dataset_id: str) -> list[tuple[str, str]]:
         """Re-send this owner's original sealed part to every party that lost it;
@@ -475,7 +586,15 @@ class GatewayClient:
         ).sign(keys.signing)
         body["request"] = {"statement": base64.b64encode(req.statement).decode(),
                            "signature": base64.b64encode(req.signature).decode()}
-        job = self.submit_job(body)
+        # kept before it leaves, so that whatever job it becomes opens only as its answer,
+        # even if this process stops before the job id arrives
+        keys.keep_pending_request(req)
+        try:
+            job = self.submit_job(body)
+        except ApiError as exc:
+            if 400 <= exc.status < 500:  # refused: no job answers it
+                keys.drop_pending_request(req)
+            raise
         # kept, so that this job's result opens only as the answer to this request
         try:
             keys.save_job_request(str(job.get("id", "")), req)
@@ -487,7 +606,8 @@ class GatewayClient:
         return job
 
     def validate_job(self, body: dict[str, Any]) -> dict[str, Any]:
-        return dict(self._call("POST", "/v1/jobs/validate", body))
+        return _as_object(self._call("POST", "/v1/jobs/validate", body),
+                          "POST /v1/jobs/validate")
 
     def fetch_result(
         self, keys: ClientKeys, job_id: str, deployment: Deployment | None = None
@@ -504,6 +624,20 @@ class GatewayClient:
             return open_selection(keys, job, got["parts"], dep)
         except (KeyError, TypeError, ValueError, AttributeError, binascii.Error):
             raise RefusedAnswer(f"the gateway's result of job {job_id} is malformed") from None
+
+
+def _lines(chunks: Iterator[bytes], limit: int) -> Iterator[str]:
+    """The lines of a byte stream, none longer than ``limit`` (RefusedAnswer)."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *whole, pending = pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        for line in whole:
+            yield line.decode("utf-8", "replace")
+        if len(pending) > limit:
+            raise RefusedAnswer(f"the gateway sent an event line longer than {limit} bytes")
+    if pending:
+        yield pending.decode("utf-8", "replace")
 
 
 def build_upload(
@@ -643,6 +777,8 @@ def open_selection(
     job_id = job["id"]
     words, st = verified_statement(job_id, parts, dep, keys)
     asked = keys.load_job_request(job_id)
+    if asked is None:  # submitted, but the client stopped before it kept the job id
+        asked = keys.adopt_pending_request(job_id, st.request_sha256)
     if asked is not None and st.request_sha256 != hashlib.sha256(asked.statement).hexdigest():
         raise ResultRejected(
             f"the parties ran job {job_id} for another request than the one this key "

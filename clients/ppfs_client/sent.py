@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ppfs.errors import ParameterError
-from ppfs.pki import replace_private_file
-from ppfs_client.keys import ClientKeys
+from ppfs_client.keys import ClientKeys, write_private
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
@@ -34,8 +33,7 @@ def save_sent(keys: ClientKeys, dataset_id: str, body: dict[str, Any]) -> Path |
     if keys.path is None:
         return None
     path = _path(keys, str(body["upload_id"]))
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    replace_private_file(path, json.dumps({"dataset_id": dataset_id, **body}).encode())
+    write_private(path, json.dumps({"dataset_id": dataset_id, **body}).encode())
     return path
 
 
