@@ -74,7 +74,6 @@ def check_keys(settings: Any, make_keys: bool) -> str | None:
         certificate_matches_key,
         key_request,
         party_key_and_csr,
-        read_regular_file,
         replace_public_file,
     )
 
@@ -91,10 +90,10 @@ def check_keys(settings: Any, make_keys: bool) -> str | None:
         if not cert.exists():
             waiting.append(request)
             continue
-        try:
-            matches = certificate_matches_key(read_regular_file(cert), read_regular_file(key))
-        except ValueError:
-            return f"{cert} or {key} does not parse (a PEM certificate and private key)"
+        try:  # its own files, as the operator placed them (links followed)
+            matches = certificate_matches_key(cert.read_bytes(), key.read_bytes())
+        except (ValueError, TypeError):  # not PEM, or a key under a passphrase
+            return f"{cert} or {key} does not parse (a PEM certificate and an unencrypted PEM private key)"
         if not matches:
             return (f"{cert} certifies another key than {key}: install the certificate "
                     f"signed from this key's request ({csr_dir / request})")
