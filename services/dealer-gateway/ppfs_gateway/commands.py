@@ -93,7 +93,8 @@ def check_keys(settings: Any, make_keys: bool) -> str | None:
         try:  # its own files, as the operator placed them (links followed)
             matches = certificate_matches_key(cert.read_bytes(), key.read_bytes())
         except (ValueError, TypeError):  # not PEM, or a key under a passphrase
-            return f"{cert} or {key} does not parse (a PEM certificate and an unencrypted PEM private key)"
+            return (f"{cert} or {key} does not parse (a PEM certificate and an unencrypted "
+                    "PEM private key)")
         if not matches:
             return (f"{cert} certifies another key than {key}: install the certificate "
                     f"signed from this key's request ({csr_dir / request})")
