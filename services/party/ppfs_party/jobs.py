@@ -58,8 +58,10 @@ import datetime as dt
 import json
 import logging
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -151,6 +153,17 @@ class JobRecord:
 
     def description(self) -> party_pb2.JobDescription:
         return party_pb2.JobDescription.FromString(bytes.fromhex(self.description_hex))
+
+
+async def finish_despite_cancel(step: Coroutine[Any, Any, None]) -> None:
+    """Run ``step`` to its end even if the awaiting task is cancelled meanwhile; the
+    cancel is raised once it has ended."""
+    task = asyncio.ensure_future(step)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
 
 
 def _now() -> str:
@@ -416,18 +429,12 @@ class JobRunner:
                     if run.done():
                         break
                 result = run.result()
-                await asyncio.to_thread(
-                    write_durable, job_dir / "opened.u64",
-                    np.ascontiguousarray(result.opened, dtype="<u8").tobytes(),
-                )
-                await self._update(
-                    rec, state=SUCCEEDED, phase="done", progress=1.0,
-                    seconds=result.seconds, bytes_sent=result.bytes_sent,
-                )
-                self.audit.record("job.succeeded", job_id=job_id, seconds=result.seconds,
-                                  bytes_sent=result.bytes_sent,
-                                  program_sha256=result.program_hash)
+                # the run is over: its result is kept even if the party is being stopped
+                # meanwhile (a cancel then waits the few milliseconds this takes)
+                await finish_despite_cancel(self._succeed(rec, job_dir, result))
         except asyncio.CancelledError:
+            if rec.state == SUCCEEDED:  # stopped while its result was being kept: kept
+                return
             # stop the engine run (kills its process) and wait for it
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 if run is not None and not run.done():
@@ -459,6 +466,19 @@ class JobRunner:
         finally:
             self._tasks.pop(job_id, None)
             await asyncio.to_thread(self._remove_share_copies, job_id)
+
+    async def _succeed(self, rec: JobRecord, job_dir: Path, result: PartyRunResult) -> None:
+        """Keep a finished run's opened words and record the job succeeded."""
+        await asyncio.to_thread(
+            write_durable, job_dir / "opened.u64",
+            np.ascontiguousarray(result.opened, dtype="<u8").tobytes(),
+        )
+        await self._update(
+            rec, state=SUCCEEDED, phase="done", progress=1.0,
+            seconds=result.seconds, bytes_sent=result.bytes_sent,
+        )
+        self.audit.record("job.succeeded", job_id=rec.job_id, seconds=result.seconds,
+                          bytes_sent=result.bytes_sent, program_sha256=result.program_hash)
 
     @staticmethod
     def _phase(rec: JobRecord, message: str) -> dict[str, object]:
