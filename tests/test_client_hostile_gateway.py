@@ -51,11 +51,12 @@ class Server:
             def log_message(self, *a: Any) -> None:
                 pass
 
+            body = b""
+
             def _any(self) -> None:
                 outer.hits.append(f"{self.command} {self.path}")
                 n = int(self.headers.get("Content-Length") or 0)
-                if n:
-                    self.rfile.read(n)
+                self.body = self.rfile.read(n) if n else b""
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     handle(self)
 
@@ -300,25 +301,22 @@ def test_kept_secrets_are_synced_with_their_folders(
             assert (st.st_dev, st.st_ino) in synced, q
 
 
-class KillingProxy:
+class KillingProxy(Server):
     """Relays to the gateway; once the gateway has answered ``POST /v1/jobs`` it kills
     the client process (SIGKILL) before that answer reaches it."""
 
     def __init__(self, upstream: str) -> None:
         self.victim = 0
         self.killed = threading.Event()
-        outer = self
 
-        def relay(h: http.server.BaseHTTPRequestHandler) -> None:
-            n = int(h.headers.get("Content-Length") or 0)
-            body = h.rfile.read(n) if n else b""
+        def relay(h: Any) -> None:
             headers = {k: v for k, v in h.headers.items()
                        if k.lower() in ("authorization", "content-type")}
-            r = httpx.request(h.command, upstream + h.path, headers=headers, content=body,
+            r = httpx.request(h.command, upstream + h.path, headers=headers, content=h.body,
                               timeout=60)
             if h.command == "POST" and h.path == "/v1/jobs":
-                os.kill(outer.victim, signal.SIGKILL)
-                outer.killed.set()
+                os.kill(self.victim, signal.SIGKILL)
+                self.killed.set()
                 return  # the answer never reaches it
             h.send_response(r.status_code)
             h.send_header("Content-Type", r.headers.get("content-type", "application/json"))
@@ -326,22 +324,7 @@ class KillingProxy:
             h.end_headers()
             h.wfile.write(r.content)
 
-        class H(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-            do_GET = do_POST = relay
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(relay)
 
 
 def test_submit_killed_before_its_job_id_is_kept_still_binds_the_result(
