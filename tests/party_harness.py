@@ -353,19 +353,27 @@ async def fetch_opened(
     return out
 
 
-class SlowEngine:
+class EngineWrapper:
+    """An engine that is ``inner`` but for what a subclass redefines (a test's fault or
+    probe around a real engine)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+
+class SlowEngine(EngineWrapper):
     """MPyC whose ``prepare`` takes ``seconds`` the first time a program is seen
     (a slow compile), then finds it in its cache."""
 
     def __init__(self, inner: MpycEngine, seconds: float) -> None:
-        self.inner = inner
-        self.name = inner.name
+        super().__init__(inner)
         self.seconds = seconds
         self.compiles: list[str] = []  # program hashes compiled (finished), in order
         self.cache: set[str] = set()
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
 
     async def prepare(self, shape: Step2AShape, security: Security) -> str:
         digest = await self.inner.prepare(shape, security)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from party_harness import EngineWrapper
 from ppfs_gateway.jobs import PortBook
 from ppfs_party import state as party_state
 from service_fakes import (
@@ -78,22 +79,18 @@ def test_port_book_keeps_ports_of_a_job_found_running() -> None:
     assert set(book.holders()) == {"old", "new"}
 
 
-class MeetingEngine:
+class MeetingEngine(EngineWrapper):
     """An engine that, before each run, waits until ``together`` runs are under way on
     its party (at most ``seconds``), then notes every job's state as the party's own
     job records give it."""
 
     def __init__(self, inner: Engine, together: int, seconds: float = 60.0) -> None:
-        self.inner = inner
-        self.name = inner.name
+        super().__init__(inner)
         self.together = together
         self.seconds = seconds
         self.active: set[str] = set()
         self.seen: list[dict[str, dict[str, Any]]] = []
         self._changed = asyncio.Event()
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
 
     async def run_party(
         self, spec: PartyRunSpec, progress: Callable[[str], None] | None = None

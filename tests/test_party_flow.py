@@ -20,6 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from party_harness import (
     Deployment,
+    EngineWrapper,
     data_upload,
     describe_job,
     fetch_opened,
@@ -412,16 +413,10 @@ ENGINE_SHARE_COPIES = ("Persistence/Transactions-P0.data", "Player-Data/Input-Bi
                        "Player-Data/Memory-R-P0", "Player-Data/3-SYMR-64/Player-MAC-Keys-MR-P0")
 
 
-class LeavingEngine:
+class LeavingEngine(EngineWrapper):
     """MPyC, whose run leaves share copies in its directory beside its log; then it
     waits for peers (job j1, until cancelled) or fails (job j2)."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = inner.name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
 
     async def run_party(self, spec: Any, progress: Any = None) -> Any:
         leave(spec.workdir)

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 from party_harness import (
     Deployment,
+    EngineWrapper,
     data_upload,
     describe_job,
     fetch_opened,
@@ -110,17 +111,13 @@ def abort_data_sets(kind: str) -> tuple[list[LabelledTable], np.ndarray]:
 # ---------------------------------------------------------------- one job, seen by each party
 
 
-class RecordingEngine:
+class RecordingEngine(EngineWrapper):
     """The daemon's engine, with every progress message it reports kept (as the daemon
     gets them, before it coalesces them into the job's phase)."""
 
     def __init__(self, inner: Any, seen: dict[int, list[tuple[str, float | None]]]) -> None:
-        self.inner = inner
-        self.name = inner.name
+        super().__init__(inner)
         self.seen = seen
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
 
     async def run_party(self, spec: Any, progress: Any = None) -> Any:
         kept = self.seen.setdefault(spec.party, [])
@@ -455,16 +452,10 @@ def test_a_range_abort_shows_an_mpspdz_party_one_bit_whatever_the_data(
     assert_same_view(runs, 3)
 
 
-class StoppingEngine:
+class StoppingEngine(EngineWrapper):
     """An engine whose run reports three stages at once and then stops on the ratio
     check, as a run does that fails between two looks of its daemon."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = inner.name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
 
     async def run_party(self, spec: Any, progress: Any = None) -> Any:
         for stage in ("ranking", "selection", "training"):
