@@ -39,7 +39,10 @@ PROLOGUE = 2 + 16  # party number, one PRSS key (3 parties, threshold 1)
 MARKER = b"RAW-PEER-BYTES-" * 4  # what a bad peer sent: never to be logged
 
 Address = tuple[str, int]
-Tamper = Callable[[bytes], bytes | None]  # a payload of Alice's -> what Bob gets instead
+# a payload of Alice's -> what Bob gets instead: a payload, or frames (program counter,
+# the size its header claims, the bytes that follow) sent in its place
+Frames = list[tuple[int, int, bytes]]
+Tamper = Callable[[bytes], bytes | Frames | None]
 
 
 def _cfg(root: Path, i: int) -> tuple[Path, Path, Path]:
@@ -76,6 +79,23 @@ def one_short(payload: bytes) -> bytes | None:
     """Alice's first array of shares to Bob, well formed but one value short."""
     arr = _array_payload(payload)
     return None if arr is None else RawWire.dumps(arr.reshape(-1)[:-1])
+
+
+def oversized(payload: bytes) -> Frames | None:
+    """A header announcing a message of 4 GiB in place of Alice's first array: a party
+    that believed it would keep up to 4 GiB for it."""
+    if _array_payload(payload) is None:
+        return None
+    return [(1 << 40, (1 << 32) - 1, MARKER)]
+
+
+def flood(payload: bytes) -> Frames | None:
+    """Before Alice's first array, 256 MB of messages for steps far ahead, each of a size
+    a message of this job may have: a party would keep them all, unread."""
+    if _array_payload(payload) is None:
+        return None
+    chunk = MARKER * (1 << 14)  # 1 MiB
+    return [((1 << 40) + i, len(chunk), chunk) for i in range(256)]
 
 
 class AliceToBob:
@@ -153,6 +173,12 @@ class AliceToBob:
                 payload = await src.readexactly(size)
                 if self.tamper is not None and not self.tampered:
                     bad = self.tamper(payload)
+                    if isinstance(bad, list):  # frames in its place
+                        self.tampered += 1
+                        for f_pc, claimed, body in bad:
+                            dst.write(FRAME.pack(f_pc, claimed) + body)
+                            await dst.drain()
+                        continue
                     if bad is not None:
                         self.tampered += 1
                         head, payload = FRAME.pack(pc, len(bad)), bad
@@ -224,6 +250,27 @@ def test_message_bob_cannot_take_names_alice_not_bob(tmp_path: Path, tamper: Tam
     assert b"Traceback" not in logs
 
 
+@pytest.mark.parametrize(("tamper", "what"), [
+    (oversized, "Alice sent a message larger than this job's"),
+    (flood, "Alice sent more ahead of time than this job's messages"),
+], ids=["oversized", "flood"])
+def test_more_than_a_jobs_messages_is_refused_naming_the_sender(
+        tmp_path: Path, tamper: Tamper, what: str) -> None:
+    # MPyC would keep a message of up to 4 GiB, and any number of them for steps not
+    # reached yet; Bob keeps no more than the job's messages could be, and names Alice
+    err, relay, elapsed = _relayed_select(tmp_path, tamper)
+    assert relay.tampered == 1
+    assert isinstance(err, PeerLostError), err
+    assert failure_kind(err).symptom and err.party == "Alice"
+    assert str(err) == f"MPyC party Bob failed: {what}"
+    bob = json.loads((tmp_path / "mpyc" / "P1" / "result.json").read_text())
+    assert bob["exit_code"] == 7 and bob["peer"] == 0
+    assert bob["max_rss_kb"] < 200 * 1024  # the flood's 256 MB were not kept
+    assert elapsed < 60
+    assert _gone(tmp_path)
+    assert MARKER[:15] not in _worker_logs(tmp_path)
+
+
 # ------------------------------------------------------------- a silent Alice
 
 
@@ -276,12 +323,15 @@ def _bob_and_carol(tmp_path: Path, alice_dials: bool, timeout: float
 
 def _names_alice_or_lost_the_other(got: list[BaseException | object], what: str) -> None:
     """Bob and Carol each time out naming Alice (``what``), or, the other one having
-    stopped first, report losing it (a symptom); at least one names Alice."""
+    stopped first, report losing it (a symptom); at least one names Alice. Where the
+    other honest party had not connected yet either (a slow start), it is named after
+    Alice."""
     named = 0
     for name, other, err in (("Bob", "Carol", got[0]), ("Carol", "Bob", got[1])):
         if isinstance(err, TimedOutError):
             assert failure_kind(err) is FailureKind.TIMEOUT
-            assert str(err) == f"MPyC party {name} failed: {what}"
+            assert str(err) in (f"MPyC party {name} failed: {what}",
+                                f"MPyC party {name} failed: {what}, {other}")
             named += 1
         else:
             assert isinstance(err, PeerLostError), err

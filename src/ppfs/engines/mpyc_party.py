@@ -498,6 +498,21 @@ def refuse_peer(rt: Any, claimed: int, cert: Mapping[str, Any] | None) -> str | 
 
 _FRAME = struct.Struct("<qI")  # MPyC's message header: program counter, payload size
 
+# The most one peer may send this party: in one message, and unread at once (messages
+# for steps this party has not reached yet), in bytes. MPyC itself takes any message
+# up to 4 GiB and buffers unread ones without end. Set per job (set_message_limits) from
+# its public shape: the largest message an honest party sends holds some 34 m*p field
+# elements (the mean split's comparisons), and the limits leave several times that.
+MESSAGE_LIMITS = [1 << 32, 1 << 34]
+
+
+def set_message_limits(shape: Step2AShape, modulus_bits: int) -> None:
+    """The limits for a job of ``shape`` over a prime of ``modulus_bits`` bits."""
+    words = (modulus_bits + 63) // 64  # RawWire's 64-bit words per field element
+    elements = 128 * (shape.m * (shape.p + shape.n_classes) + 4096)
+    most = 8 * words * elements + 1024
+    MESSAGE_LIMITS[:] = [most, 4 * most]
+
 
 def peer_checked_exchanger(base: type) -> type:
     """MPyC's connection handler (``mpyc.asyncoro.MessageExchanger``) with
@@ -511,7 +526,11 @@ def peer_checked_exchanger(base: type) -> type:
       taken as that peer's fault, where MPyC's own handler fails with an error of
       its own;
     - the time since this party waits for each message it has asked a peer for
-      (:func:`longest_wait`), to name the peer a stalled run waits for.
+      (:func:`longest_wait`), to name the peer a stalled run waits for;
+    - a message larger than any of this job's, or more of them kept unread at once
+      than the job's messages could be (:data:`MESSAGE_LIMITS`), taken as that peer's
+      fault before its bytes are kept, where MPyC would buffer up to 4 GiB a message
+      and any number of them.
 
     MPyC 0.11's handler is reimplemented here (the version is pinned)."""
 
@@ -523,6 +542,7 @@ def peer_checked_exchanger(base: type) -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.waits: dict[int, float] = {}  # pc -> since when this party waits for it
+            self.unread = 0  # bytes of this peer's messages kept for steps not reached
 
         def data_received(self, data: bytes) -> None:
             if self.refused:
@@ -550,6 +570,10 @@ def peer_checked_exchanger(base: type) -> type:
                 LINKED.add(claimed)
             while len(buf) >= _FRAME.size:
                 pc, size = _FRAME.unpack_from(buf)
+                if size > MESSAGE_LIMITS[0]:  # refused before its bytes are kept
+                    record_fault(self.peer_pid, "sent a message larger than this job's")
+                    self._drop("a peer sent a message larger than this job's")
+                    return
                 end = _FRAME.size + size
                 if len(buf) < end:
                     break
@@ -559,6 +583,12 @@ def peer_checked_exchanger(base: type) -> type:
                 del buf[:end]
                 waiting = self.buffers.pop(pc, None)
                 if waiting is None:
+                    self.unread += len(payload)
+                    if self.unread > MESSAGE_LIMITS[1]:
+                        record_fault(self.peer_pid, "sent more ahead of time than this job's "
+                                                    "messages")
+                        self._drop("a peer sent more ahead of time than this job's messages")
+                        return
                     self.buffers[pc] = payload
                 elif isinstance(waiting, asyncio.Future) and not waiting.done():
                     self.waits.pop(pc, None)
@@ -575,8 +605,11 @@ def peer_checked_exchanger(base: type) -> type:
 
         def receive(self, pc: int) -> Any:
             payload = super().receive(pc)
-            if isinstance(payload, asyncio.Future) and not payload.done():
-                self.waits.setdefault(pc, time.monotonic())
+            if isinstance(payload, asyncio.Future):
+                if not payload.done():
+                    self.waits.setdefault(pc, time.monotonic())
+            else:  # one it kept: read now
+                self.unread -= len(payload)
             return payload
 
         def _drop(self, reason: str) -> None:
@@ -1168,6 +1201,7 @@ def run_party(job: PartyJob) -> int:
     mpyc_runtime = import_mpyc_runtime()
     rt = make_runtime(mpyc_runtime, job)
     secint = make_secint(rt)
+    set_message_limits(job.shape, int(secint.field.modulus).bit_length())
     deadline = time.monotonic() + job.timeout
     stats: dict[str, Any] = {
         "party": job.party,
@@ -1246,8 +1280,9 @@ def _fail(job: PartyJob | None, code: int, reason: str, peer: int | None = None)
     log.error("[MpycParty.fail] code=%d reason=%s", code, reason)
     if job is not None:
         with contextlib.suppress(OSError):
-            result: dict[str, Any] = {"party": job.party, "exit_code": code,
-                                      "reason": reason[:200]}
+            result: dict[str, Any] = {
+                "party": job.party, "exit_code": code, "reason": reason[:200],
+                "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
             if peer is not None:
                 result["peer"] = peer
             write_result(job.result_path, result)
