@@ -1257,7 +1257,7 @@ def run_party(job: PartyJob) -> int:
     stats["seconds"] = time.monotonic() - t_start
     stats["exit_code"] = EXIT_OK
     stats["phases"] = status.times  # seconds since start at which each phase began
-    stats["max_rss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    stats["max_rss_kb"] = peak_rss_kb()
     write_result(job.result_path, stats)
     return EXIT_OK
 
@@ -1276,13 +1276,23 @@ def misfit_input(failures: list[BaseException]) -> PeerFaultError | None:
     return None
 
 
+def peak_rss_kb() -> int:
+    """This worker's peak resident memory, KiB: its own address space's high-water mark
+    (``ru_maxrss`` would also count the process it was forked from, before its exec)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
 def _fail(job: PartyJob | None, code: int, reason: str, peer: int | None = None) -> int:
     log.error("[MpycParty.fail] code=%d reason=%s", code, reason)
     if job is not None:
         with contextlib.suppress(OSError):
             result: dict[str, Any] = {
                 "party": job.party, "exit_code": code, "reason": reason[:200],
-                "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+                "max_rss_kb": peak_rss_kb()}
             if peer is not None:
                 result["peer"] = peer
             write_result(job.result_path, result)
