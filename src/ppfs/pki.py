@@ -11,8 +11,9 @@ The deployment CA's own operations live here too: keeping it on disk
 (:func:`certify_party_key_request`, for the party the operator names). They read and
 write public material only, apart from the CA key itself.
 
-Only :func:`issue_client_identity` puts :data:`GATEWAY_CONTROL_USAGE` into a
-certificate; a party's certificates, signed from its own requests, never carry it
+Only :func:`certify_client_request` (and :func:`issue_client_identity`, which makes the
+key and calls it) puts :data:`GATEWAY_CONTROL_USAGE` into a certificate; a party's
+certificates, signed from its own requests, never carry it
 (:meth:`CertificateAuthority.issue` takes nothing from a request but its subject and
 key), so no party can present itself to another as the gateway.
 """
@@ -97,15 +98,14 @@ class CertificateAuthority:
 
     def issue(
         self, csr: x509.CertificateSigningRequest, *, dns_san: bool = True,
-        usages: tuple[x509.ObjectIdentifier, ...] = (),
     ) -> x509.Certificate:
         """Sign a party certificate for ``csr``'s subject.
 
         ``dns_san=False`` leaves out the subject alternative name: MPyC matches peers
         by the CN ``MPyC party i``, which contains spaces and so cannot be a DNS name,
-        and TLS host-name matching ignores the CN as soon as a SAN is present.
-        ``usages``: extended key usages set by the CA (never taken from the request);
-        none for party certificates.
+        and TLS host-name matching ignores the CN as soon as a SAN is present. No
+        extended key usage: a party certificate never carries the gateway's
+        (:func:`certify_client_request` issues that one).
         """
         if not csr.is_signature_valid:
             raise ValueError("certificate request signature is invalid")
@@ -126,8 +126,6 @@ class CertificateAuthority:
                 x509.SubjectAlternativeName([x509.DNSName(str(cn).replace(" ", "-"))]),
                 critical=False,
             )
-        if usages:
-            builder = builder.add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
         return builder.sign(self.key, hashes.SHA256())
 
 
@@ -215,8 +213,7 @@ def issue_client_identity(
     ``key_path``, certificate signed by the CA with the client-authentication and
     :data:`GATEWAY_CONTROL_USAGE` key usages. Returns (key PEM, certificate PEM)."""
     csr = party_key_and_csr(key_path, common_name)
-    cert = ca.issue(csr, usages=(ExtendedKeyUsageOID.CLIENT_AUTH, GATEWAY_CONTROL_USAGE))
-    return key_path.read_bytes(), cert.public_bytes(serialization.Encoding.PEM)
+    return key_path.read_bytes(), certify_client_request(ca, csr, common_name)
 
 
 def read_key_request(path: Path) -> x509.CertificateSigningRequest:
