@@ -49,7 +49,9 @@ locals {
       "-p ${var.gateway_https_port}:8080",
       "-e PPFS_SECURITY=${var.security}",
     ])
-    command = "gateway serve --config /run/secrets/ppfs/gateway.json --make-keys --host 0.0.0.0 --port 8080"
+    # --require-https: a folder made without --https-name stops it, rather than have it
+    # take bearer tokens over plain HTTP from the Internet
+    command = "gateway serve --config /run/secrets/ppfs/gateway.json --make-keys --require-https --host 0.0.0.0 --port 8080"
   })
 }
 

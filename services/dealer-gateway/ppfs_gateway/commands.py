@@ -2,6 +2,7 @@
 
 ppfs gateway serve --config gateway.json [--host H] [--port P] [--port-file F]
     [--make-keys]    # its keys made here, their requests in STATE_DIR/csr/ for the CA
+    [--require-https]  # refuse to start without an HTTPS certificate and key
 """
 
 from __future__ import annotations
@@ -54,6 +55,13 @@ def add_commands(sub: Any) -> None:
         "certificate requests to STATE_DIR/csr/ for the CA (`ppfs pki client --csr`, "
         "`ppfs pki https --csr`); until their certificates are installed it exits (2) "
         "saying so",
+    )
+    serve.add_argument(
+        "--require-https",
+        action="store_true",
+        help="refuse to start unless the config names an HTTPS certificate and key "
+        "(https_cert, https_key): a gateway that clients reach over a network never "
+        "takes bearer tokens over plain HTTP",
     )
     serve.set_defaults(func=_serve)
 
@@ -124,6 +132,12 @@ def _serve(args: argparse.Namespace) -> int:
         settings = load_settings(args.config, **overrides)
     except ParameterError as exc:
         print(f"ppfs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.require_https and settings.https_cert is None:
+        print(f"ppfs gateway serve: error: --require-https, but {args.config or 'the config'} "
+              "names no https_cert and https_key: bearer tokens would cross the network in "
+              "the clear (make the folder with `make-secrets.sh --https-name NAME`)",
+              file=sys.stderr)
         return EXIT_USAGE
     # one gateway per state directory, for this process's life (a second one would delete
     # the first one's spooled bodies and share its registry)
