@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 TERRAFORM = ROOT / "deploy" / "terraform-azure"
 
@@ -62,3 +65,121 @@ def test_azure_gateway_requires_https() -> None:
     gateway = compute[compute.index("gateway_cloud_init"):]
     command = gateway[gateway.index("command = "):].splitlines()[0]
     assert "gateway serve" in command and "--require-https" in command, command
+
+
+# ---- compose: who reaches which port ------------------------------------------------------
+
+
+def _merge(base: Any, over: Any) -> Any:
+    """A compose overlay over its base, as Compose merges mappings."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {k: _merge(base[k], over[k]) if k in base and k in over else
+                over.get(k, base.get(k)) for k in {**base, **over}}
+    return over
+
+
+def _compose(which: str) -> dict[str, Any]:
+    cfg = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    if which == "4pc":
+        cfg = _merge(cfg, yaml.safe_load((ROOT / "compose.4pc.yml").read_text()))
+    return cfg
+
+
+PARTIES = {"3pc": ("alice", "bob", "carol"), "4pc": ("alice", "bob", "carol", "dave")}
+
+
+def _flag(command: list[str], flag: str) -> str:
+    assert command.count(flag) == 1, (flag, command)
+    return command[command.index(flag) + 1]
+
+
+@pytest.mark.parametrize("which", sorted(PARTIES))
+def test_compose_networks_confine_each_port(which: str) -> None:
+    cfg = _compose(which)
+    services, networks = cfg["services"], cfg["networks"]
+    parties = PARTIES[which]
+    gateway = services["gateway"]
+    # the gateway: its front network for its published port, and one control network per
+    # party; never the parties' engine network
+    assert set(gateway["networks"]) == {"front", *(f"{p}-control" for p in parties)}
+    members: dict[str, set[str]] = {}
+    for name, svc in services.items():
+        for net in svc["networks"]:
+            members.setdefault(net, set()).add(name)
+    assert members["mpc"] == set(parties)  # engine links: between the parties only
+    assert members["front"] == {"gateway"}
+    for party in parties:
+        svc = services[party]
+        control = f"{party}-control"
+        assert set(svc["networks"]) == {"mpc", control}
+        assert members[control] == {party, "gateway"}  # no other party on it
+        assert networks[control].get("internal") is True  # nothing on it leaves the host
+        ctl_ip = svc["networks"][control]["ipv4_address"]
+        mpc_ip = svc["networks"]["mpc"]["ipv4_address"]
+        cmd = svc["command"]
+        # gRPC and metrics on the control network's address alone: the gateway's side
+        assert _flag(cmd, "--listen") == f"{ctl_ip}:50051"
+        assert _flag(cmd, "--metrics-listen") == f"{ctl_ip}:9100"
+        assert svc["environment"]["PPFS_GRPC_HOST"] == ctl_ip  # its health check follows
+        # the engines on the parties' network (MPyC listens there only)
+        assert _flag(cmd, "--mpc-host") == mpc_ip
+        assert _flag(cmd, "--mpc-bind-host") == mpc_ip
+
+
+@pytest.mark.parametrize("which", sorted(PARTIES))
+def test_compose_publishes_only_the_gateway_and_mpc_ports_on_loopback(which: str) -> None:
+    cfg = _compose(which)
+    for name, svc in cfg["services"].items():
+        ports = [str(p) for p in svc.get("ports", [])]
+        if name == "gateway":
+            assert ports == ["${PPFS_GATEWAY_BIND:-127.0.0.1}:${PPFS_GATEWAY_PORT:-8080}:8080"]
+        else:
+            index = PARTIES[which].index(name)
+            lo, hi = 14000 + 4 * index, 14003 + 4 * index
+            assert ports == [f"${{PPFS_MPC_BIND:-127.0.0.1}}:{lo}-{hi}:{lo}-{hi}"]
+        assert "network_mode" not in svc and "pid" not in svc and "ipc" not in svc
+
+
+@pytest.mark.parametrize("which", sorted(PARTIES))
+def test_compose_containers_are_confined(which: str) -> None:
+    cfg = _compose(which)
+    for name, svc in cfg["services"].items():
+        assert svc.get("read_only") is True, name
+        assert svc.get("cap_drop") == ["ALL"] and "cap_add" not in svc, name
+        assert "no-new-privileges:true" in svc.get("security_opt", []), name
+        assert not svc.get("privileged") and "user" not in svc, name  # the image's non-root
+        assert svc.get("restart") == "unless-stopped", name
+        assert svc["healthcheck"]["test"][0] == "CMD", name
+        # state on a named volume of its own; its own secret folder, read at run time only
+        assert svc["volumes"] == [f"{name}-state:/var/lib/ppfs/state"], name
+        assert [s["source"] for s in svc["secrets"]] == [name], name
+        # nothing secret in `docker inspect`: no token, key or password in the environment
+        for var in svc.get("environment", {}):
+            assert not any(w in var for w in ("TOKEN", "PASSWORD", "_KEY")), (name, var)
+
+
+def test_health_check_dials_the_address_the_party_listens_on(tmp_path: Path) -> None:
+    """A party listening on one network's address only is healthy: the check dials
+    $PPFS_GRPC_HOST, not loopback."""
+    import os
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.2:0")
+    server.start()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PPFS_")}
+        env |= {"PPFS_HEALTH_ROLE": "party", "PPFS_GRPC_PORT": str(port)}
+        check = [sys.executable, str(ROOT / "deploy" / "docker" / "healthcheck.py")]
+        ok = subprocess.run(check, env={**env, "PPFS_GRPC_HOST": "127.0.0.2"},
+                            capture_output=True, text=True, timeout=30, check=False)
+        assert ok.returncode == 0 and ok.stdout.strip() == "SERVING", ok.stdout
+        loopback = subprocess.run(check, env=env, capture_output=True, text=True,
+                                  timeout=30, check=False)
+        assert loopback.returncode == 1, loopback.stdout  # 127.0.0.1: nobody listens there
+    finally:
+        server.stop(0)

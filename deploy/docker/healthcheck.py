@@ -1,9 +1,10 @@
 """Container health check for the ppfs images (run by Docker's HEALTHCHECK).
 
 PPFS_HEALTH_ROLE=party: the standard gRPC health service (grpc.health.v1) on
-127.0.0.1:$PPFS_GRPC_PORT must answer SERVING. When the control plane uses mutual TLS
-(PPFS_TLS_CA, PPFS_TLS_CERT, PPFS_TLS_KEY point at the mounted files) the check
-connects with the party's own certificate; the server name checked is
+$PPFS_GRPC_HOST:$PPFS_GRPC_PORT (default 127.0.0.1:50051; the address the party listens on
+when that is one network's only, as in docker-compose.yml) must answer SERVING. When the
+control plane uses mutual TLS (PPFS_TLS_CA, PPFS_TLS_CERT, PPFS_TLS_KEY point at the
+mounted files) the check connects with the party's own certificate; the server name checked is
 PPFS_HEALTH_TLS_NAME (default: the DNS name in that certificate, else its CN).
 Without those files a plaintext channel is used.
 
@@ -44,7 +45,8 @@ def _party() -> str:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    target = f"127.0.0.1:{os.environ.get('PPFS_GRPC_PORT', '50051')}"
+    host = os.environ.get("PPFS_GRPC_HOST", "") or "127.0.0.1"
+    target = f"{host}:{os.environ.get('PPFS_GRPC_PORT', '50051')}"
     paths = [os.environ.get(k, "") for k in ("PPFS_TLS_CA", "PPFS_TLS_CERT", "PPFS_TLS_KEY")]
     options: list[tuple[str, str]] = []
     if all(paths) and all(os.path.isfile(p) for p in paths):
