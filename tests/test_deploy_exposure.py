@@ -183,3 +183,40 @@ def test_health_check_dials_the_address_the_party_listens_on(tmp_path: Path) -> 
         assert loopback.returncode == 1, loopback.stdout  # 127.0.0.1: nobody listens there
     finally:
         server.stop(0)
+
+
+# ---- Azure: key requests fetched only over pinned SSH -------------------------------------
+
+
+def test_azure_vms_show_their_host_keys_outside_the_gateway() -> None:
+    """SSH to a party jumps through the gateway's VM, which is not trusted: the party's
+    key request must come over a connection checked against host keys learnt elsewhere
+    (the VM's serial console, through the Azure API), or the gateway could answer in the
+    party's name with a key request for its own keys."""
+    hcl2 = pytest.importorskip("hcl2")
+    with open(TERRAFORM / "main.compute.tf", encoding="utf-8") as fh:
+        resources = hcl2.load(fh)["resource"]
+    vms = {name.strip('"'): body for block in resources for rtype, named in block.items()
+           if rtype.strip('"') == "azurerm_linux_virtual_machine"
+           for name, body in named.items()}
+    assert set(vms) == {"party", "gateway"}
+    for name, vm in vms.items():
+        blocks = vm.get("boot_diagnostics") or []
+        # one block, no storage account named: managed storage, on
+        assert len(blocks) == 1 and "storage_account_uri" not in blocks[0], name
+    cloud_init = yaml.safe_load((TERRAFORM / "templates" / "cloud-init.yaml.tftpl").read_text())
+    assert cloud_init["ssh"]["emit_keys_to_console"] is True
+    assert cloud_init["no_ssh_fingerprints"] is False
+
+
+def test_azure_steps_fetch_requests_only_over_pinned_host_keys() -> None:
+    readme = (TERRAFORM / "README.md").read_text()
+    steps = readme[readme.index("```sh"):]
+    steps = steps[:steps.index("\n```\n")]
+    assert "az vm boot-diagnostics get-boot-log" in steps
+    assert "PINNED=(-o StrictHostKeyChecking=yes -o UserKnownHostsFile=.ppfs/known_hosts)" in steps
+    ssh_lines = [ln.strip() for ln in steps.splitlines()
+                 if ln.strip().startswith("ssh ") or "=\"ssh " in ln]
+    assert len(ssh_lines) >= 3, ssh_lines  # the jump, each party, the gateway
+    for line in ssh_lines:
+        assert "PINNED" in line and " -J " not in line, line

@@ -94,6 +94,12 @@ resource "azurerm_linux_virtual_machine" "party" {
     public_key = var.admin_ssh_public_key
   }
 
+  # The serial console log, read through the Azure API (`az vm boot-diagnostics
+  # get-boot-log`), carries the SSH host keys cloud-init prints at first boot: the one
+  # channel to a party VM that does not pass through the gateway's VM, which SSH to a
+  # party jumps through. The operator pins them before fetching a key request.
+  boot_diagnostics {}
+
   identity {
     type = "SystemAssigned"
   }
@@ -161,6 +167,12 @@ resource "azurerm_linux_virtual_machine" "gateway" {
     username   = var.admin_username
     public_key = var.admin_ssh_public_key
   }
+
+  # The serial console log, read through the Azure API (`az vm boot-diagnostics
+  # get-boot-log`), carries the SSH host keys cloud-init prints at first boot: the one
+  # channel to a party VM that does not pass through the gateway's VM, which SSH to a
+  # party jumps through. The operator pins them before fetching a key request.
+  boot_diagnostics {}
 
   identity {
     type = "SystemAssigned"
