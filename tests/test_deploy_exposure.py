@@ -220,3 +220,45 @@ def test_azure_steps_fetch_requests_only_over_pinned_host_keys() -> None:
     assert len(ssh_lines) >= 3, ssh_lines  # the jump, each party, the gateway
     for line in ssh_lines:
         assert "PINNED" in line and " -J " not in line, line
+
+
+# ---- make-secrets for machines of their own: no party or gateway key made here ------------
+
+
+def test_make_secrets_for_separate_hosts_makes_and_certifies_no_party_or_gateway_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With --no-party-keys --no-gateway-keys the operator's machine makes no key for a
+    party or the gateway, not even one thrown away afterwards: a CA-certified key
+    statement for Alice's name with keys the operator's disk once held would let whoever
+    recovers it pose as Alice to every client."""
+    import runpy
+
+    import ppfs_party.keys
+    import ppfs_party.state
+
+    import ppfs.pki
+
+    def never(*_: Any, **__: Any) -> None:
+        raise AssertionError("a party or gateway key made on the operator's machine")
+
+    monkeypatch.setattr(ppfs_party.keys, "sign_party_requests", never)
+    monkeypatch.setattr(ppfs_party.state, "open_state", never)
+    monkeypatch.setattr(ppfs.pki, "issue_client_identity", never)
+    out = tmp_path / "secrets"
+    monkeypatch.setattr(sys, "argv", [
+        "make_secrets.py", "--out", str(out), "--parties", "4", "--no-party-keys",
+        "--no-gateway-keys", "--https-name", "gw.example",
+        *(a for i in range(4) for a in ("--party-host", f"10.0.0.{i + 1}"))])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / "deploy" / "compose" / "make_secrets.py"),
+                       run_name="__main__")
+    assert done.value.code == 0
+    assert not (out / ".work").exists()
+    for party in ("alice", "bob", "carol", "dave"):
+        assert sorted(p.name for p in (out / party).iterdir()) == ["owners.json"]
+    assert sorted(p.name for p in (out / "gateway" / "tls").iterdir()) == ["ca.pem"]
+    # the private keys left are the CA's and the example principals', nothing else
+    keyed = sorted(str(p.relative_to(out)) for p in out.rglob("*")
+                   if p.is_file() and b"PRIVATE" in p.read_bytes())
+    assert [k for k in keyed if not k.startswith("clients/")] == ["ca/ca.key"], keyed

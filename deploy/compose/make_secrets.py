@@ -115,7 +115,11 @@ def main() -> int:
     service_uid = args.owner_uid if args.no_party_keys else SERVICE_UID
 
     work = args.out / ".work"
-    layout = prepare(work, args.parties)  # CA, party states, gateway identity, keys, tokens
+    # CA, party states, gateway identity, keys, tokens; with --no-party-keys and
+    # --no-gateway-keys no key is made for a party or the gateway here, not even one to
+    # throw away: the CA certifies only the keys that will be used
+    layout = prepare(work, args.parties, party_keys=not args.no_party_keys,
+                     gateway_identity=not args.no_gateway_keys)
     names = [n.lower() for n in PARTY_NAMES[: args.parties]]
     hosts = args.party_host or names
     if len(hosts) != args.parties:

@@ -124,8 +124,14 @@ class StackLayout:
         return self.root / "env" / f"{subject}.env"
 
 
-def prepare(root: Path, parties: int) -> StackLayout:
-    """Make (or reuse) the CA, party states, gateway client identity, keys and tokens."""
+def prepare(root: Path, parties: int, *, party_keys: bool = True,
+            gateway_identity: bool = True) -> StackLayout:
+    """Make (or reuse) the CA, party states, gateway client identity, keys and tokens.
+
+    ``party_keys=False``: each party's state holds only its registered owners, no key and
+    no key statement (the parties make their keys where they run); ``gateway_identity=
+    False``: the gateway's ``tls/`` holds only the CA certificate (it makes its key where
+    it runs). Nothing is then certified that would be thrown away."""
     from cryptography import x509
     from ppfs_client.keys import ClientKeys
     from ppfs_party.config import PartySettings
@@ -150,15 +156,20 @@ def prepare(root: Path, parties: int) -> StackLayout:
     ca = load_ca(ca_dir)
     for i in range(parties):
         state = root / "parties" / f"p{i}-{PARTY_NAMES[i].lower()}"
-        # (a state made before party keys were certified gets its key statement now)
-        if not (state / "certs" / "party-keys.json").exists():
+        if not party_keys:
+            state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        elif not (state / "certs" / "party-keys.json").exists():
+            # (a state made before party keys were certified gets its key statement now)
             open_state(PartySettings(state_dir=state, index=i))
             sign_party_requests(ca, state, i)
         layout.party_dirs.append(state)
     tls = root / "gateway" / "tls"
     # (a client certificate made before the parties checked for the gateway's usage is
     # replaced: the parties would refuse it)
-    if not (tls / "gateway.pem").exists() or not has_gateway_usage(
+    if not gateway_identity:
+        tls.mkdir(parents=True, exist_ok=True)
+        (tls / "ca.pem").write_bytes(ca.cert_pem())
+    elif not (tls / "gateway.pem").exists() or not has_gateway_usage(
             x509.load_pem_x509_certificate((tls / "gateway.pem").read_bytes())):
         _, cert = issue_client_identity(ca, DEFAULT_GATEWAY_NAME, tls / "gateway.key")
         (tls / "gateway.pem").write_bytes(cert)
