@@ -262,3 +262,20 @@ def test_make_secrets_for_separate_hosts_makes_and_certifies_no_party_or_gateway
     keyed = sorted(str(p.relative_to(out)) for p in out.rglob("*")
                    if p.is_file() and b"PRIVATE" in p.read_bytes())
     assert [k for k in keyed if not k.startswith("clients/")] == ["ca/ca.key"], keyed
+
+
+def test_azure_party_vms_can_each_have_their_own_administrator() -> None:
+    """Root on a party's VM reads that party's keys: one SSH key for every VM makes its
+    holder every party. Each party VM takes its own administrator's key when given."""
+    compute = (TERRAFORM / "main.compute.tf").read_text()
+    party = compute[compute.index('resource "azurerm_linux_virtual_machine" "party"'):]
+    party = party[:party.index("\n}\n")]
+    assert ("public_key = lookup(var.party_admin_ssh_public_keys, each.key, "
+            "var.admin_ssh_public_key)") in party
+    assert "var.admin_ssh_public_key\n" not in party  # no unconditional shared key
+    variables = (TERRAFORM / "variables.tf").read_text()
+    assert 'variable "party_admin_ssh_public_keys"' in variables
+    for example in ("three-party", "four-party"):
+        main = (TERRAFORM / "examples" / example / "main.tf").read_text()
+        assert "party_admin_ssh_public_keys = var.party_admin_ssh_public_keys" in main
+    assert "party_admin_ssh_public_keys" in (TERRAFORM / "README.md").read_text()

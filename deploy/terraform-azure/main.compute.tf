@@ -89,9 +89,10 @@ resource "azurerm_linux_virtual_machine" "party" {
   custom_data                     = base64encode(local.party_cloud_init[each.key])
   tags                            = merge(local.common_tags, { "ppfs-party" = each.key })
 
+  # the party's own administrator where one is given: no one key opens every party's VM
   admin_ssh_key {
     username   = var.admin_username
-    public_key = var.admin_ssh_public_key
+    public_key = lookup(var.party_admin_ssh_public_keys, each.key, var.admin_ssh_public_key)
   }
 
   # The serial console log, read through the Azure API (`az vm boot-diagnostics
@@ -163,9 +164,13 @@ resource "azurerm_linux_virtual_machine" "gateway" {
   custom_data                     = base64encode(local.gateway_cloud_init)
   tags                            = merge(local.common_tags, { "ppfs-role" = "gateway" })
 
-  admin_ssh_key {
-    username   = var.admin_username
-    public_key = var.admin_ssh_public_key
+  # the operator's key, and each party administrator's: SSH to a party jumps through here
+  dynamic "admin_ssh_key" {
+    for_each = toset(concat([var.admin_ssh_public_key], values(var.party_admin_ssh_public_keys)))
+    content {
+      username   = var.admin_username
+      public_key = admin_ssh_key.value
+    }
   }
 
   # The serial console log, read through the Azure API (`az vm boot-diagnostics

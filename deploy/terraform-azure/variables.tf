@@ -137,6 +137,22 @@ variable "admin_ssh_public_key" {
   }
 }
 
+variable "party_admin_ssh_public_keys" {
+  type        = map(string)
+  description = "Each party VM's own administrator: an OpenSSH PUBLIC key per party name (alice, bob, carol, dave). Whoever logs in to a party's VM can read that party's private keys, so where the parties are run by different people give each its own; a party not listed takes admin_ssh_public_key. The gateway's VM accepts these keys too, as SSH to a party jumps through it."
+  default     = {}
+
+  validation {
+    condition     = alltrue([for name in keys(var.party_admin_ssh_public_keys) : contains(["alice", "bob", "carol", "dave"], name)])
+    error_message = "party_admin_ssh_public_keys is keyed by party name: alice, bob, carol or dave."
+  }
+
+  validation {
+    condition     = alltrue([for key in values(var.party_admin_ssh_public_keys) : can(regex("^(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp256) [A-Za-z0-9+/=]+", key))])
+    error_message = "Each of party_admin_ssh_public_keys must be an OpenSSH public key line (ssh-ed25519 AAAA...)."
+  }
+}
+
 variable "party_vm_size" {
   type        = string
   description = "VM size of each party (MPC is CPU and network bound)."

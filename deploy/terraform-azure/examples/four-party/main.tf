@@ -29,6 +29,9 @@ module "ppfs" {
   acr_id               = var.acr_id
   key_vault_id         = var.key_vault_id
   tags                 = { project = "ppfs" }
+
+  # each party's own administrator (optional; a party not listed takes admin_ssh_public_key)
+  party_admin_ssh_public_keys = var.party_admin_ssh_public_keys
 }
 
 output "gateway_url" {

@@ -39,6 +39,12 @@ variable "admin_ssh_public_key" {
   description = "OpenSSH public key of the administrator."
 }
 
+variable "party_admin_ssh_public_keys" {
+  type        = map(string)
+  description = "OpenSSH public key of each party's own administrator, by party name (optional)."
+  default     = {}
+}
+
 variable "party_image" {
   type        = string
   description = "Party image reference."
