@@ -279,3 +279,31 @@ def test_azure_party_vms_can_each_have_their_own_administrator() -> None:
         main = (TERRAFORM / "examples" / example / "main.tf").read_text()
         assert "party_admin_ssh_public_keys = var.party_admin_ssh_public_keys" in main
     assert "party_admin_ssh_public_keys" in (TERRAFORM / "README.md").read_text()
+
+
+def test_compose_example_keeps_a_plain_http_gateway_on_loopback() -> None:
+    env = dict(line.split("=", 1) for line in (ROOT / "deploy" / "compose" / "example.env")
+               .read_text().splitlines() if line and not line.startswith("#"))
+    assert env["PPFS_GATEWAY_BIND"] == "127.0.0.1"
+    assert env.get("PPFS_MPC_BIND", "127.0.0.1") == "127.0.0.1"
+
+
+def test_nothing_secret_goes_into_custom_data_or_the_container_environment() -> None:
+    """custom_data is in the Terraform state and readable by anyone who can read the VM;
+    `-e` values are in `docker inspect`. Both carry names, addresses and flags only: every
+    secret reaches a VM through its own Key Vault secret, at run time."""
+    import re
+
+    compute = (TERRAFORM / "main.compute.tf").read_text()
+    calls = re.findall(r'templatefile\("\$\{path\.module\}/templates/cloud-init\.yaml\.tftpl", '
+                       r"\{(.*?)\n\s*\}\)", compute, flags=re.S)
+    assert len(calls) == 2, calls  # the parties' and the gateway's
+    allowed = {"role", "name", "image", "secret_name", "key_vault_uri", "acr_login_server",
+               "docker_args", "command"}
+    for body in calls:
+        keys = set(re.findall(r"^\s*([a-z_]+)\s*=", body, flags=re.M))
+        assert keys == allowed, keys
+        env = re.findall(r"-e ([A-Z_]+)=", body)
+        assert set(env) <= {"PPFS_SECURITY", "PPFS_SECRETS_DIR"}, env
+    template = (TERRAFORM / "templates" / "cloud-init.yaml.tftpl").read_text()
+    assert set(re.findall(r"\$\{([a-z_]+)\}", template)) == allowed
