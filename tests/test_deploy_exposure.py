@@ -307,3 +307,16 @@ def test_nothing_secret_goes_into_custom_data_or_the_container_environment() -> 
         assert set(env) <= {"PPFS_SECURITY", "PPFS_SECRETS_DIR"}, env
     template = (TERRAFORM / "templates" / "cloud-init.yaml.tftpl").read_text()
     assert set(re.findall(r"\$\{([a-z_]+)\}", template)) == allowed
+
+
+def test_no_token_file_enters_an_image_build() -> None:
+    """A secrets folder made inside the checkout (make-secrets.sh --out) holds bearer
+    tokens in tokens.json and clients/*.env beside its keys: none of it is sent to an
+    image build."""
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    for pattern in ("**/*.key", "**/*.pem", "**/tokens.json", "**/*.env", "**/*.tgz"):
+        assert pattern in ignored, pattern
+    for dockerfile in ("services/party/Dockerfile", "services/dealer-gateway/Dockerfile"):
+        copies = [ln for ln in (ROOT / dockerfile).read_text().splitlines()
+                  if ln.startswith(("COPY", "ADD"))]
+        assert not [ln for ln in copies if ".env" in ln or "token" in ln.lower()], copies
