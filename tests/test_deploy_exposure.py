@@ -320,3 +320,39 @@ def test_no_token_file_enters_an_image_build() -> None:
         copies = [ln for ln in (ROOT / dockerfile).read_text().splitlines()
                   if ln.startswith(("COPY", "ADD"))]
         assert not [ln for ln in copies if ".env" in ln or "token" in ln.lower()], copies
+
+
+def test_party_keeps_the_keys_it_made_over_a_secret_that_brings_others(
+    tmp_path: Path,
+) -> None:
+    """A party that made its keys in its state volume (Azure: only its key request left
+    it) is never handed keys made elsewhere: a secret folder with keys/ (a compose-style
+    folder uploaded by mistake, or keys someone else made) stops it, its own keys kept."""
+    import os
+
+    script = (ROOT / "deploy" / "docker" / "party-entrypoint.sh").read_text()
+    entry = tmp_path / "entry.sh"
+    entry.write_text(script.replace("exec /opt/ppfs/bin/ppfs ", "exec true "))
+    secrets, state = tmp_path / "secrets", tmp_path / "state"
+    (secrets / "keys").mkdir(parents=True)
+    (secrets / "keys" / "box.key").write_text("made elsewhere")
+    (secrets / "certs").mkdir()
+    (state / "keys").mkdir(parents=True)
+    (state / "keys" / "box.key").write_text("made by the party")
+    r = subprocess.run(["sh", str(entry), "party", "serve"], capture_output=True, text=True,
+                       timeout=30, check=False, env={
+                           **os.environ, "PPFS_STATE_DIR": str(state),
+                           "PPFS_SECRETS_DIR": str(secrets)})
+    assert r.returncode == 2 and "refusing to replace them" in r.stderr, r.stderr
+    assert not (state / "keys").is_symlink()
+    assert (state / "keys" / "box.key").read_text() == "made by the party"
+    # a state whose keys/ is the secret's own link (compose, every restart) starts as before
+    (state / "keys" / "box.key").unlink()
+    (state / "keys").rmdir()
+    (state / "keys").symlink_to(secrets / "keys")
+    r = subprocess.run(["sh", str(entry), "party", "serve"], capture_output=True, text=True,
+                       timeout=30, check=False, env={
+                           **os.environ, "PPFS_STATE_DIR": str(state),
+                           "PPFS_SECRETS_DIR": str(secrets)})
+    assert r.returncode == 0, r.stderr
+    assert (state / "keys" / "box.key").read_text() == "made elsewhere"
