@@ -1,8 +1,10 @@
 """What the deployments expose, and to whom, against docs/threat-model.md.
 
-Static checks of the deployment files (no Docker, no Terraform, no Azure): the compose
-files parsed as YAML, the Terraform module parsed with python-hcl2, plus the gateway's
-refusal to serve bearer tokens over plain HTTP where it must not.
+Without Docker, Terraform or Azure: the compose files parsed as YAML (networks, published
+ports, container confinement), the Terraform module and its README (HTTPS only, host keys
+pinned outside the gateway's VM, one administrator per party VM, nothing secret in
+custom_data), and the pieces they run: the gateway's refusal of plain HTTP, the health
+check's address, make-secrets for separate hosts, the party entrypoint's keys.
 """
 
 from __future__ import annotations
