@@ -31,7 +31,12 @@ from party_harness import (
 )
 from ppfs_party import store as store_module
 from ppfs_party.audit import AuditLog
-from ppfs_party.errors import NotFoundError, UploadDecisionError, UploadReplayedError
+from ppfs_party.errors import (
+    NotFoundError,
+    StorageError,
+    UploadDecisionError,
+    UploadReplayedError,
+)
 from ppfs_party.server import start_party_server
 from ppfs_party.store import ShareStore, StoredUpload, UploadHeader, register_owner
 
@@ -214,7 +219,7 @@ def test_tombstone_write_failing_midway_refuses_the_id_until_the_retry(
         store = party.store()
         await _put(store, party.sealed("u1"))
         monkeypatch.setattr(store_module, "write_durable", half_written)
-        with pytest.raises(OSError):
+        with pytest.raises(StorageError, match="input/output error"):
             await store.abort("ds", "u1")
         monkeypatch.undo()
         with pytest.raises(UploadDecisionError, match="was aborted"):

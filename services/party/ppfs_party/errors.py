@@ -7,6 +7,9 @@ fixed message "Internal server error." (the details go to the party's log only).
 
 from __future__ import annotations
 
+import errno
+import os
+
 import grpc
 
 from ppfs.errors import (
@@ -74,6 +77,36 @@ class CallerNotGatewayError(PartyError):
     identity (a party's own certificate, or another client identity)."""
 
 
+class StorageError(PartyError):
+    """This party could not write its own files (a write or sync failed): its fault,
+    not a peer's, and nothing half-written is kept."""
+
+
+class DiskFullError(StorageError):
+    """This party's disk (or its quota) is full."""
+
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+# what a failed write of the party's own files raises (any other OSError is not named so)
+_WRITE_FAILED = _DISK_FULL | {errno.EIO, errno.EROFS}
+
+
+def is_write_failure(exc: OSError) -> bool:
+    """Whether ``exc`` is how a failed write of a file fails (full, I/O error, read-only)."""
+    return exc.errno in _WRITE_FAILED
+
+
+def storage_error(exc: OSError, doing: str = "") -> StorageError:
+    """The error that names a failed write of this party's files while ``doing``: the
+    system's reason (no space left, an I/O error) and never a path or file contents."""
+    while_ = f" {doing}" if doing else ""
+    if exc.errno in _DISK_FULL:
+        return DiskFullError(f"this party's disk is full (no space left on device){while_}; "
+                             "free space there and try again")
+    reason = os.strerror(exc.errno).lower() if exc.errno else type(exc).__name__
+    return StorageError(f"this party could not write its files ({reason}){while_}")
+
+
 # Most specific first: the first class in an error's MRO found here decides.
 _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     NotFoundError: grpc.StatusCode.NOT_FOUND,
@@ -82,6 +115,9 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     CallerNotGatewayError: grpc.StatusCode.PERMISSION_DENIED,
     UploadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     TombstonesFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DiskFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # a failed write is this party's own fault: INTERNAL, but with the message naming it
+    StorageError: grpc.StatusCode.INTERNAL,
     JobConflictError: grpc.StatusCode.FAILED_PRECONDITION,
     UploadDecisionError: grpc.StatusCode.FAILED_PRECONDITION,
     NotReadyError: grpc.StatusCode.FAILED_PRECONDITION,
@@ -97,6 +133,8 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
 
 def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """(status code, safe message) for ``exc``; unexpected errors say nothing."""
+    if isinstance(exc, OSError) and is_write_failure(exc):
+        exc = storage_error(exc)  # a failed write no caller named: still say what failed
     for cls in type(exc).__mro__:
         code = _STATUS.get(cls)
         if code is not None:

@@ -92,6 +92,8 @@ from ppfs_party.errors import (
     JobConflictError,
     NotFoundError,
     TombstonesFullError,
+    is_write_failure,
+    storage_error,
     to_status,
 )
 from ppfs_party.keys import PartyKeys, fingerprint
@@ -236,12 +238,24 @@ class JobRunner:
         phase and progress alone, which is not written to disk (a restarted party reports
         the job failed whatever its progress was; the next kept change writes it all)."""
         old_state = rec.state
+        before = {k: getattr(rec, k) for k in changes}
         for k, v in changes.items():
             setattr(rec, k, v)
+        if keep:
+            try:
+                await asyncio.to_thread(self._save, rec)
+            except OSError as exc:
+                if rec.state not in (FAILED, CANCELLED):
+                    # not kept, so not told: the job fails instead (its handler records it)
+                    for k, v in before.items():
+                        setattr(rec, k, v)
+                    raise storage_error(exc, "recording the job's state") from None
+                # a failure that cannot be written is still told to every watcher; a
+                # restart finds the job unfinished and records it failed then
+                log.error("[Party.jobs] job=%s %s not written: %s", rec.job_id, rec.state,
+                          storage_error(exc))
         if self.metrics is not None:
             self.metrics.job_changed(rec, old_state)
-        if keep:
-            await asyncio.to_thread(self._save, rec)
         cond = self._cond(rec.job_id)
         async with cond:
             self._version[rec.job_id] = self._version.get(rec.job_id, 0) + 1
@@ -457,11 +471,15 @@ class JobRunner:
                               failure=kind.value)
             log.warning("[Party.job] job=%s failed: %s (%s)", job_id, type(exc).__name__,
                         kind.value)
-        except Exception:
-            log.exception("[Party.job] job=%s internal error", job_id)
-            await self._update(rec, state=FAILED, phase="failed", error="internal error",
+        except Exception as exc:
+            # a write of the job's files that failed is named (this party's disk full);
+            # anything else unexpected is an internal error, its details in the log only
+            reason = (str(storage_error(exc, "writing the job's files"))
+                      if isinstance(exc, OSError) and is_write_failure(exc) else "internal error")
+            log.exception("[Party.job] job=%s %s", job_id, reason)
+            await self._update(rec, state=FAILED, phase="failed", error=reason,
                                failure=FailureKind.OWN.value)
-            self.audit.record("job.failed", job_id=job_id, reason="internal error",
+            self.audit.record("job.failed", job_id=job_id, reason=reason,
                               failure=FailureKind.OWN.value)
         finally:
             self._tasks.pop(job_id, None)
@@ -469,10 +487,13 @@ class JobRunner:
 
     async def _succeed(self, rec: JobRecord, job_dir: Path, result: PartyRunResult) -> None:
         """Keep a finished run's opened words and record the job succeeded."""
-        await asyncio.to_thread(
-            write_durable, job_dir / "opened.u64",
-            np.ascontiguousarray(result.opened, dtype="<u8").tobytes(),
-        )
+        try:
+            await asyncio.to_thread(
+                write_durable, job_dir / "opened.u64",
+                np.ascontiguousarray(result.opened, dtype="<u8").tobytes(),
+            )
+        except OSError as exc:  # no result is served from a file not wholly kept
+            raise storage_error(exc, "keeping the job's result") from None
         await self._update(
             rec, state=SUCCEEDED, phase="done", progress=1.0,
             seconds=result.seconds, bytes_sent=result.bytes_sent,

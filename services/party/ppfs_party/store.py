@@ -60,6 +60,7 @@ from ppfs_party.errors import (
     UploadReplayedError,
     UploadTooLargeError,
     UploadUnauthorizedError,
+    storage_error,
 )
 
 log = logging.getLogger("ppfs.party")
@@ -321,8 +322,10 @@ class ShareStore:
                 try:
                     await asyncio.to_thread(
                         write_durable, self.aborted_dir / upload_id, dataset_id[:128].encode())
-                except BaseException:
+                except BaseException as exc:
                     self._abort_unsure.add(upload_id)  # it may be on disk: refuse the id
+                    if isinstance(exc, OSError):
+                        raise storage_error(exc, "recording the upload's abort") from None
                     raise
                 self._aborted.add(upload_id)
                 self._abort_unsure.discard(upload_id)
@@ -411,7 +414,10 @@ class ShareStore:
             async with self._lock:  # an abort that came first wins
                 if self._refused(manifest.upload_id):
                     raise UploadReplayedError("this upload was aborted (its id is refused)")
-                stored = await asyncio.to_thread(self._commit, header, manifest, bundles)
+                try:
+                    stored = await asyncio.to_thread(self._commit, header, manifest, bundles)
+                except OSError as exc:  # nothing of it kept (_commit clears its files)
+                    raise storage_error(exc, "storing the upload part") from None
                 (self._staged if header.staged else self._uploads)[manifest.upload_id] = stored
             return stored
         finally:
