@@ -246,16 +246,50 @@ def _select(args: argparse.Namespace, table: LabelledTable, source: str = "input
     if args.out is not None and not reveal_reduced:
         raise ParameterError("--out needs D', which --no-reduced keeps inside MPC")
     engine = _resolve_engine(args.engine, security)
-    if args.out is not None and not args.out.parent.exists():
-        raise ParameterError(f"--out: directory {args.out.parent} does not exist")
+    # made now: an --out that cannot be written is refused before the secure run, not after
+    out_tmp = _claim_out(args.out) if args.out is not None else None
+    try:
+        return _select_run(args, table, security, engine, fp, train, reveal_reduced, scorer,
+                           read_seconds, out_tmp)
+    finally:
+        if out_tmp is not None:
+            out_tmp.unlink(missing_ok=True)
 
+
+def _claim_out(path: Path) -> Path:
+    """A fresh, empty file beside ``path`` that D' is written to and then renamed over
+    ``path``; :class:`ParameterError` naming ``--out`` when it cannot be made."""
+    if path.is_dir():
+        raise ParameterError(f"--out: {path} is a directory; name the file to write D' to")
+    if not path.parent.exists():
+        raise ParameterError(f"--out: directory {path.parent} does not exist")
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise ParameterError(
+            f"--out: cannot write a file in {path.parent}: {exc.strerror or exc}") from None
+    os.close(fd)
+    return Path(name)
+
+
+def _make_workdir(path: Path) -> None:
+    """The parties' shares, masks and keys: for this user alone, a kept --workdir too."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.chmod(0o700)
+    except OSError as exc:
+        raise ParameterError(
+            f"--workdir: cannot use {path} as a directory: {exc.strerror or exc}") from None
+
+
+def _select_run(args: argparse.Namespace, table: LabelledTable, security: Security,
+                engine: Engine, fp: FixedPoint, train: TrainParams | None, reveal_reduced: bool,
+                scorer: Scorer, read_seconds: float | None, out_tmp: Path | None) -> int:
     keep = args.workdir is not None
     with _terminating_signals_exit():
         # absolute: each engine party runs with its own directory as cwd
         workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="ppfs-"))).absolute()
-        # the parties' shares, masks and keys: for this user alone, a kept --workdir too
-        workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        workdir.chmod(0o700)
+        _make_workdir(workdir)
         t0 = time.monotonic()
         try:
             with _ProgressDisplay(enabled=sys.stderr.isatty() and not args.json) as show:
@@ -280,8 +314,13 @@ def _select(args: argparse.Namespace, table: LabelledTable, source: str = "input
             if not keep:
                 shutil.rmtree(workdir, ignore_errors=True)
     seconds = time.monotonic() - t0
-    if args.out is not None:
-        _write_reduced(args.out, table, selection)
+    if out_tmp is not None:
+        try:
+            _write_reduced(out_tmp, args.out, table, selection)
+        except OSError as exc:
+            print(f"ppfs: error: --out: cannot write {args.out}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return EXIT_FAILED
     _report(args, selection, seconds, table, read_seconds)
     return 0
 
@@ -377,8 +416,8 @@ def _report(args: argparse.Namespace, sel: Selection, seconds: float,
             print(f"  model {i} ({row['target']}): intercept {row['intercept']:.6g}; {terms}")
 
 
-def _write_reduced(path: Path, table: LabelledTable, sel: Selection) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def _write_reduced(tmp: Path, path: Path, table: LabelledTable, sel: Selection) -> None:
+    """D' into ``tmp`` (made by :func:`_claim_out`), then renamed over ``path``."""
     with open(tmp, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow([*sel.columns, table.label_column])
