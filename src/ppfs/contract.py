@@ -61,7 +61,7 @@ from ppfs.errors import (
     ShareFormatError,
     TimedOutError,
 )
-from ppfs.fixedpoint import FixedPoint
+from ppfs.fixedpoint import MAX_FRAC_BITS, FixedPoint
 from ppfs.scoring import SCORER_NAMES, Scorer
 from ppfs.step2a import Security, Step2AShape
 from ppfs.step2b import TrainParams
@@ -609,6 +609,9 @@ class JobContract:
             raise ParameterError("the recipient's public key must be a 32-byte X25519 key")
         if not self.mask_upload_id:
             raise ParameterError("the job names no mask upload")
+        if not 0 <= self.frac_bits <= MAX_FRAC_BITS:
+            raise ParameterError(f"fractional bits must be in [0, {MAX_FRAC_BITS}], "
+                                 f"got {self.frac_bits}")
         self.shape  # noqa: B018 -- ParameterError on an impossible shape
 
     @property
@@ -684,6 +687,9 @@ class JobContract:
             raise ParameterError(f"unknown security setting {desc.security!r}") from None
         if desc.combination == pb.COMBINATION_UNSPECIFIED:
             raise ParameterError("the job names no combination (horizontal or vertical)")
+        if desc.combination not in pb.Combination.values():  # an open enum: any number parses
+            raise ParameterError(f"unknown combination {desc.combination}; horizontal or "
+                                 "vertical")
         combination = Combination[pb.Combination.Name(desc.combination).removeprefix(
             "COMBINATION_")]
         datasets = tuple(

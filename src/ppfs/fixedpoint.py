@@ -31,6 +31,9 @@ MAX_TOTAL_EXPONENT = 64
 MAX_SCALE_LOSS = 12
 
 
+MAX_FRAC_BITS = 40  # fractional bits an encoding may have
+
+
 @dataclass(frozen=True)
 class FixedPoint:
     """Parameters of the encoding. Travels with each job and is recorded in its result."""
@@ -40,8 +43,8 @@ class FixedPoint:
     target_bits: int = 23
 
     def __post_init__(self) -> None:
-        if not 0 <= self.frac_bits <= 40:
-            raise ValueError(f"frac_bits must be in [0, 40], got {self.frac_bits}")
+        if not 0 <= self.frac_bits <= MAX_FRAC_BITS:
+            raise ValueError(f"frac_bits must be in [0, {MAX_FRAC_BITS}], got {self.frac_bits}")
         if not 8 <= self.value_bits <= 40:
             raise ValueError(f"value_bits must be in [8, 40], got {self.value_bits}")
         if not 1 <= self.target_bits < self.value_bits - 1:

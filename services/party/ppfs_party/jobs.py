@@ -55,8 +55,10 @@ import base64
 import collections
 import contextlib
 import datetime as dt
+import ipaddress
 import json
 import logging
+import re
 import shutil
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import asdict, dataclass, field
@@ -172,11 +174,26 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
+# a peer's host as the engines take it: a DNS name (compose service names hold '_') or
+# an IP address; nothing that could end a line of MP-SPDZ's HOSTS file or an argument
+_HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
 def parse_address(text: str) -> tuple[str, int]:
+    """``host:port`` of a peer's engine (``[v6]:port`` or ``v6:port`` for IPv6);
+    ParameterError for anything else."""
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ParameterError("peer MPC addresses must be host:port")
-    return host.strip("[]"), int(port)
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:  # no IPv6 zone ('%...'): it may hold anything
+        is_ip = "%" not in bare and bool(ipaddress.ip_address(bare))
+    except ValueError:
+        is_ip = False
+    if (not sep or not (is_ip or _HOST_NAME.fullmatch(host))
+            or not _PORT.fullmatch(port) or not 0 < int(port) < 65536):
+        raise ParameterError("peer MPC addresses must be host:port (a DNS name or an IP "
+                             "address, a port 1..65535)")
+    return bare, int(port)
 
 
 class JobRunner:

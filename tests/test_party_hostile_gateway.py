@@ -1,0 +1,147 @@
+"""A turned gateway at a party's PartyService, with the gateway's genuine mTLS identity:
+garbage and extremes in what it relays are refused early by the party itself, naming
+the problem, with nothing stored and nothing held (real gRPC, port 0, MPyC, tiny tables).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from party_harness import (
+    Deployment,
+    SealedUpload,
+    data_upload,
+    describe_job,
+    identities,
+    mask_upload,
+    upload_messages,
+)
+from ppfs_party.server import PartyServer, start_party_server
+
+from ppfs.contract import description_sha256, service_shape
+from ppfs.fixedpoint import FixedPoint
+from ppfs.v1 import party_pb2, party_pb2_grpc
+
+Stub = party_pb2_grpc.PartyServiceStub
+ROWS, COLS = 6, ("a", "b", "c")
+
+
+def _data(dep: Deployment, box: list[bytes], upload_id: str = "u1") -> SealedUpload:
+    raw = np.random.default_rng(0).integers(-1000, 1000, size=(ROWS, len(COLS)))
+    return data_upload(dep.owners["owner-a"], box, raw, COLS, [0] * len(COLS),
+                       dataset_id="ds", upload_id=upload_id,
+                       onehot=(np.arange(ROWS) % 2).reshape(ROWS, 1), label_column="y",
+                       classes=("0", "1"))
+
+
+def _mask(dep: Deployment, box: list[bytes]) -> SealedUpload:
+    outputs = service_shape(ROWS, len(COLS), 2, 1, FixedPoint().value_bits, None).outputs
+    return mask_upload(dep.owners["owner-a"], box, np.zeros((outputs, 2), dtype=np.uint64),
+                       dataset_id="m", upload_id="m1")
+
+
+Scenario = Callable[[Deployment, list[PartyServer], list[Stub], list[bytes]], Awaitable[None]]
+
+
+def _run(tmp_path: Path, scenario: Scenario, **overrides: object) -> Deployment:
+    dep = Deployment.create(tmp_path, 3, engines=("mpyc",), **overrides)
+    dep.add_owner("owner-a")
+
+    async def main() -> None:
+        servers = [await start_party_server(s) for s in dep.settings]
+        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+        try:
+            stubs = [Stub(c) for c in channels]
+            box = [i.box_public_key for i in await identities(stubs)]
+            await scenario(dep, servers, stubs, box)
+        finally:
+            for c in channels:
+                await c.close()
+            for srv in servers:
+                await srv.stop(0)
+
+    asyncio.run(main())
+    return dep
+
+
+def _audit(dep: Deployment, party: int) -> list[dict[str, object]]:
+    path = dep.settings[party].state_dir / "audit.log"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def _start(stub: Stub, desc: party_pb2.JobDescription, timeout: float = 30.0
+                 ) -> party_pb2.StartJobResponse:
+    # the hostile gateway hashes what it sends: only the party's own checks stand
+    return await stub.StartJob(party_pb2.StartJobRequest(
+        job=desc, description_sha256=description_sha256(desc)), timeout=timeout)
+
+
+async def _start_refused(stub: Stub, desc: party_pb2.JobDescription, text: str,
+                         timeout: float = 30.0) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await _start(stub, desc, timeout)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert text in (info.value.details() or ""), info.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as gone:  # nothing kept of it
+        await stub.GetJob(party_pb2.GetJobRequest(job_id=desc.job_id))
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def _stored_at_alice(stub: Stub, *uploads: SealedUpload) -> None:
+    for up in uploads:
+        await stub.PutUploadPart(upload_messages(up, 0))
+
+
+def _changed(desc: party_pb2.JobDescription, job_id: str,
+             change: Callable[[party_pb2.JobDescription], None]) -> party_pb2.JobDescription:
+    out = party_pb2.JobDescription()
+    out.CopyFrom(desc)
+    out.job_id = job_id
+    change(out)
+    return out
+
+
+def test_garbage_in_a_job_description_is_refused_naming_it(tmp_path: Path) -> None:
+    """Values a protobuf parses but no job has: an enum number past the known ones,
+    fractional bits beyond any encoding, a port in non-ASCII digits, peer hosts that
+    would end a line of MP-SPDZ's HOSTS file (and so move this party's own line off its
+    port range) or an argument. Each is refused as INVALID_ARGUMENT naming it, never an
+    internal error; the job is not kept and its mask is not spent."""
+
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        up, mask = _data(dep, box), _mask(dep, box)
+        await _stored_at_alice(stubs[0], up, mask)
+        desc = describe_job("j", [[up]], mask=mask, k=1, security="passive-3pc",
+                            engine="mpyc", peers=dep.peer_addresses(),
+                            recipient_public_key=bytes(dep.owners["owner-a"].box.public_key))
+        own = dep.settings[0].mpc_port_base
+        cases: list[tuple[Callable[[party_pb2.JobDescription], None], str]] = [
+            (lambda d: setattr(d, "combination", 99), "unknown combination 99"),
+            (lambda d: setattr(d, "frac_bits", 1000), "fractional bits must be in [0, 40]"),
+            (lambda d: d.peer_mpc_addresses.__setitem__(1, "127.0.0.1:\u00b2"),
+             "peer MPC addresses must be host:port"),
+            # Alice's own line would become "x", then "127.0.0.1:5000:<own port>"
+            (lambda d: d.peer_mpc_addresses.__setitem__(0, f"x\n127.0.0.1:5000:{own}"),
+             "peer MPC addresses must be host:port"),
+            (lambda d: d.peer_mpc_addresses.__setitem__(1, "127.0.0.1\x00:14001"),
+             "peer MPC addresses must be host:port"),
+            (lambda d: d.peer_mpc_addresses.__setitem__(2, "fe80::1%\nx:14002"),
+             "peer MPC addresses must be host:port"),
+        ]
+        for n, (change, text) in enumerate(cases):
+            await _start_refused(stubs[0], _changed(desc, f"bad{n}", change), text)
+        # the genuine job still starts: the refusals spent nothing
+        started = await _start(stubs[0], _changed(desc, "good", lambda d: None))
+        assert started.job_id == "good"
+        await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id="good"))
+
+    dep = _run(tmp_path, scenario)
+    refused = [e for e in _audit(dep, 0) if e["event"] == "job.refused"]
+    assert len(refused) == 6 and all(e["failure"] == "refused" for e in refused)
