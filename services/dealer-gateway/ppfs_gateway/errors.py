@@ -7,6 +7,10 @@ a party or a parameter, never a share, a key, a token or engine output.
 
 from __future__ import annotations
 
+import errno
+import os
+import sqlite3
+
 from ppfs.errors import InputDataError, ParameterError, PpfsError, ShareFormatError
 
 
@@ -66,6 +70,42 @@ class PartyUnavailable(GatewayError):
     status = 502
     title = "A computing party did not answer"
     type_slug = "party-unavailable"
+
+
+class GatewayStorageError(GatewayError):
+    """The gateway could not write its own state (registry or spooled body): its disk
+    is full or a write failed. What the request would have changed is not kept."""
+
+    status = 507
+    title = "The gateway could not write its state"
+    type_slug = "gateway-storage"
+
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+# SQLite's primary result codes for a full disk and a failed read or write of its files
+_SQLITE_STORAGE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR}
+
+
+def storage_error(exc: OSError | sqlite3.Error, doing: str) -> GatewayStorageError:
+    """The error naming a failed write of the gateway's own files while ``doing``: the
+    system's reason only (never a path, a token or what was being written)."""
+    if isinstance(exc, sqlite3.Error):
+        full = exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_FULL
+        reason = "a write of its registry failed"
+    else:
+        full = exc.errno in _DISK_FULL
+        reason = os.strerror(exc.errno).lower() if exc.errno else type(exc).__name__
+    if full:
+        return GatewayStorageError(f"the gateway's disk is full (no space left on device) "
+                                   f"{doing}; nothing of it was kept. Its operator frees "
+                                   "space there; then try again")
+    return GatewayStorageError(f"the gateway could not write its state ({reason}) {doing}; "
+                               "nothing of it was kept")
+
+
+def is_storage_failure(exc: sqlite3.Error) -> bool:
+    """Whether SQLite failed for want of disk space or a failed write (not a bug)."""
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF in _SQLITE_STORAGE
 
 
 class PartyRejected(GatewayError):

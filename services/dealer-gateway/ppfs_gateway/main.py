@@ -32,7 +32,7 @@ from ppfs_gateway.api.schemas import problem_responses
 from ppfs_gateway.auth import TokenTable
 from ppfs_gateway.console import install_console
 from ppfs_gateway.core.config import Settings
-from ppfs_gateway.errors import Unauthenticated, classify
+from ppfs_gateway.errors import Unauthenticated, classify, storage_error
 from ppfs_gateway.jobs import JobCoordinator
 from ppfs_gateway.metrics import GatewayMetrics, MetricsMiddleware
 from ppfs_gateway.metrics import router as metrics_router
@@ -125,22 +125,32 @@ class RequestGuard:
             await self._refuse(scope, send, 404, "Not found",
                                "requests with a body go to /v1/ only", "not-found")
             return
-        self.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix="body-", dir=self.spool_dir)  # mode 0600
+        try:
+            self.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix="body-", dir=self.spool_dir)  # mode 0600
+        except OSError as exc:
+            await self._cannot_spool(scope, send, exc)
+            return
+        failed: OSError | None = None
         try:
             with os.fdopen(fd, "w+b") as spool:
                 try:
                     complete = await self._spool(receive, spool)
                 except _ClientGone:
                     return
-                if not complete:
-                    await self._too_large(scope, send)
-                    return
-                spool.seek(0)
-                await self.app(scope, _replay(spool, receive), send)
+                except OSError as exc:  # answered once the spool file is deleted
+                    failed = exc
+                else:
+                    if not complete:
+                        await self._too_large(scope, send)
+                        return
+                    spool.seek(0)
+                    await self.app(scope, _replay(spool, receive), send)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(name)
+        if failed is not None:  # nothing of the body is kept
+            await self._cannot_spool(scope, send, failed)
 
     async def _spool(self, receive: Receive, spool: BinaryIO) -> bool:
         """Write the body to ``spool``; False once it passes the limit."""
@@ -157,6 +167,12 @@ class RequestGuard:
             spool.write(chunk)
             more = bool(msg.get("more_body", False))
         return True
+
+    async def _cannot_spool(self, scope: Scope, send: Send, exc: OSError) -> None:
+        err = storage_error(exc, "receiving the request's body")
+        log.error("[Gateway] %s %s: %s", scope.get("method"), scope.get("path", ""), err)
+        status, title, slug = classify(err)
+        await self._refuse(scope, send, status, title, str(err), slug)
 
     async def _too_large(self, scope: Scope, send: Send) -> None:
         await self._refuse(scope, send, 413, "Upload too large",
@@ -268,7 +284,7 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.include_router(health.router)
-    common = problem_responses(401, 403, 404, 409, 413, 422, 502)
+    common = problem_responses(401, 403, 404, 409, 413, 422, 502, 507)
     for module in (deployment, datasets, jobs, status):
         app.include_router(module.router, responses=common)
     metrics = app.state.metrics = GatewayMetrics()
@@ -281,8 +297,8 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
         detail = str(exc) if status < 500 else "Internal server error."
         if status >= 500:
             log.warning("[Gateway] %s %s -> %d %s", request.method, request.url.path, status, title)
-            if status == 502:
-                detail = str(exc)  # names the party, nothing else
+            if status in (502, 507):
+                detail = str(exc)  # names the party, or the gateway's disk, nothing else
         return problem(status, title, detail, slug, request.url.path)
 
     @app.exception_handler(RequestValidationError)

@@ -13,10 +13,12 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ppfs_gateway.errors import is_storage_failure, storage_error
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -228,14 +230,24 @@ class Registry:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction: all of it or, on any error (the COMMIT's too), none of it.
+        A full disk or a failed write raises :class:`GatewayStorageError` naming it."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    # SQLite may have rolled back already (a full disk): then this fails
+                    if self._db.in_transaction:
+                        with suppress(sqlite3.Error):
+                            self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                if is_storage_failure(exc):
+                    raise storage_error(exc, "recording the change") from None
                 raise
-            self._db.execute("COMMIT")
 
     # -- data sets ---------------------------------------------------------------
 

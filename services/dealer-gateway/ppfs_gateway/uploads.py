@@ -34,6 +34,7 @@ from ppfs_gateway.errors import (
     Conflict,
     Forbidden,
     GatewayError,
+    GatewayStorageError,
     IncompatibleSchemas,
     InvalidRequest,
     MalformedUpload,
@@ -467,6 +468,24 @@ class UploadKeeper:
         return await self.check(ds)
 
 
+async def _abort_unrecorded(
+    parties: Parties, dataset_id: str, upload_id: str, seconds: float
+) -> list[str]:
+    """Tell every party to drop an upload whose decision the registry could not record
+    (its disk is full); the names of the parties not reached. The registry still holds
+    the upload as being sent, so the gateway's next start aborts it there as well."""
+    answers = await asyncio.gather(
+        *(c.decide_upload(dataset_id, upload_id, False, timeout=seconds)
+          for c in parties.clients),
+        return_exceptions=True,
+    )
+    missed = [c.name for c, a in zip(parties.clients, answers, strict=True)
+              if isinstance(a, BaseException)]
+    log.warning("[Gateway.Upload] dataset=%s upload=%s not recorded (gateway storage): "
+                "aborted at the parties, %d not reached", dataset_id, upload_id, len(missed))
+    return missed
+
+
 async def relay_upload(
     registry: Registry, parties: Parties, ds: DatasetRecord, up: UploadPart, who: Principal,
     keeper: UploadKeeper,
@@ -505,7 +524,12 @@ async def relay_upload(
             elif r.upload_id != up.upload_id or r.rows != man.rows:
                 failure = failure or PartyRejected(f"{c.name} acknowledged another upload or shape")
         if failure is not None:
-            registry.abort_upload(up.upload_id)
+            try:
+                registry.abort_upload(up.upload_id)
+            except GatewayStorageError as exc:  # told at once; its restart aborts it too
+                await _abort_unrecorded(parties, ds.id, up.upload_id, keeper.rpc_seconds)
+                raise type(exc)(f"{exc}; a party did not store its part: the upload was "
+                                "not added and no party uses any part of it") from None
             left = await keeper.flush(upload_id=up.upload_id)
             log.warning(
                 "[Gateway.Upload] dataset=%s upload=%s aborted (%s); %d parties to tell later",
@@ -523,8 +547,17 @@ async def relay_upload(
                     + later
                 ) from None
             raise failure
-        registry.commit_upload(ds.id, up.upload_id, who.subject, schema, man.rows, man.digest(),
-                               man.signed_at())
+        try:
+            registry.commit_upload(ds.id, up.upload_id, who.subject, schema, man.rows,
+                                   man.digest(), man.signed_at())
+        except GatewayStorageError as exc:
+            # every party stored its part but the registry could not record the upload:
+            # no party may keep it (their staged parts would wait for a decision forever)
+            missed = await _abort_unrecorded(parties, ds.id, up.upload_id, keeper.rpc_seconds)
+            later = (f"; {', '.join(missed)} will drop its part when the gateway restarts"
+                     if missed else "")
+            raise type(exc)(f"{exc}; the upload was not added and no party uses any part "
+                            f"of it{later}") from None
         left = await keeper.flush(upload_id=up.upload_id)
     log.info(
         "[Gateway.Upload] dataset=%s upload=%s rows=%d columns=%d seconds=%.2f pending=%d",
