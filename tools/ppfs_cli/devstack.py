@@ -124,6 +124,24 @@ class StackLayout:
         return self.root / "env" / f"{subject}.env"
 
 
+def check_party_count(root: Path, parties: int) -> None:
+    """Refuse a state directory whose gateway was last started with another number of
+    parties: its data sets are shared for that many (3: pairs; 4: all components but one),
+    so with a party more or fewer every upload would be inconsistent and every job refused."""
+    config = root / "gateway" / "gateway.json"
+    try:
+        recorded = json.loads(config.read_text(encoding="utf-8")).get("parties")
+    except (OSError, ValueError, AttributeError):
+        return  # none yet (or unreadable: the gateway names it when it starts)
+    if not isinstance(recorded, list) or not recorded or len(recorded) == parties:
+        return
+    n = len(recorded)
+    raise ParameterError(
+        f"--state-dir {root} holds a {n}-party deployment ({', '.join(PARTY_NAMES[:n])}); "
+        f"its data sets are shared for {n} parties: start it with --parties {n}, or pass "
+        f"another --state-dir for {parties} parties")
+
+
 def prepare(root: Path, parties: int, *, party_keys: bool = True,
             gateway_identity: bool = True) -> StackLayout:
     """Make (or reuse) the CA, party states, gateway client identity, keys and tokens.
@@ -148,6 +166,7 @@ def prepare(root: Path, parties: int, *, party_keys: bool = True,
         save_ca,
     )
 
+    check_party_count(root, parties)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     layout = StackLayout(root, parties)
     ca_dir = root / "ca"
