@@ -77,6 +77,11 @@ class CallerNotGatewayError(PartyError):
     identity (a party's own certificate, or another client identity)."""
 
 
+class CorruptStateError(PartyError):
+    """At start: a file of the party's state (a job record) cannot be read. The party
+    refuses to start, naming it, rather than run without what it records."""
+
+
 class StorageError(PartyError):
     """This party could not write its own files (a write or sync failed): its fault,
     not a peer's, and nothing half-written is kept."""

@@ -58,6 +58,7 @@ import datetime as dt
 import ipaddress
 import json
 import logging
+import os
 import re
 import shutil
 from collections.abc import AsyncIterator, Coroutine
@@ -90,6 +91,7 @@ from ppfs_party.audit import AuditLog
 from ppfs_party.combine import assemble, pinned_plan
 from ppfs_party.config import PartySettings
 from ppfs_party.errors import (
+    CorruptStateError,
     DescriptionMismatchError,
     JobConflictError,
     NotFoundError,
@@ -228,9 +230,15 @@ class JobRunner:
         for path in sorted(self.jobs_dir.glob("*.json")):
             try:
                 rec = JobRecord(**json.loads(path.read_text()))
-            except (OSError, ValueError, TypeError):
-                log.error("[Party.jobs] unreadable job record %s skipped", path.name)
-                continue
+            except (OSError, ValueError, TypeError) as exc:
+                # never skipped: a job's record is what refuses a second job on its mask
+                # upload and counts the uses of its consents
+                reason = (os.strerror(exc.errno).lower() if isinstance(exc, OSError)
+                          and exc.errno else "not a job record: truncated or corrupted")
+                raise CorruptStateError(
+                    f"job record {path} cannot be read ({reason}); the party does not "
+                    "start without it (it keeps the job's mask upload from serving another "
+                    "job and counts its consent uses): restore it from a backup") from None
             if not rec.final:
                 rec.state, rec.phase, rec.error = FAILED, "failed", "party restarted"
                 rec.failure = FailureKind.RESTARTED.value

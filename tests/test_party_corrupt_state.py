@@ -1,0 +1,69 @@
+"""A party's job record truncated or corrupted on disk (a disk fault, a bad restore): the
+daemon refuses to start, naming the file, in one line (exit 2), instead of starting
+without it. Skipped, the record's job would be forgotten, and with it what the record
+enforces: its mask upload serves no second job, and its consent uses are counted."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from ppfs_cli.main import main
+from ppfs_party.errors import CorruptStateError
+from ppfs_party.jobs import JobRecord, JobRunner
+
+
+def _runner(state: Path) -> JobRunner:
+    settings = SimpleNamespace(state_dir=state, max_concurrent_jobs=1)
+    runner = JobRunner(settings, None, None, SimpleNamespace(record=lambda *a, **k: None),
+                       {})
+    runner.open()
+    return runner
+
+
+def _record(state: Path) -> bytes:
+    """A finished job's record on disk, as the party writes it; its bytes."""
+    rec = JobRecord(job_id="j1", description_hex="", description_sha256="",
+                    engine="mp-spdz", security="passive-3pc", state="succeeded",
+                    mask_upload_id="masks-1", spent_consents=["c" * 64])
+    runner = _runner(state)
+    runner._save(rec)
+    path = state / "jobs" / "j1.json"
+    assert json.loads(path.read_text())["mask_upload_id"] == "masks-1"
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "zeroed", "not a record"])
+def test_a_damaged_job_record_stops_the_start_naming_it(tmp_path: Path, damage: str) -> None:
+    whole = _record(tmp_path)
+    path = tmp_path / "jobs" / "j1.json"
+    path.write_bytes({
+        "truncated": whole[: len(whole) // 2],
+        "zeroed": bytes(len(whole)),  # what a crash on some file systems leaves
+        "not a record": json.dumps({"job": "j1"}).encode(),
+    }[damage])
+    with pytest.raises(CorruptStateError, match=r"job record .*jobs/j1\.json cannot be read"):
+        _runner(tmp_path)
+    assert path.exists()  # left for the operator, not rewritten or removed
+    path.write_bytes(whole)  # restored: the job, its mask and consent uses are back
+    runner = _runner(tmp_path)
+    rec = runner.get("j1")
+    assert rec.mask_upload_id == "masks-1" and rec.spent_consents == ["c" * 64]
+    assert asdict(rec) == json.loads(whole)
+
+
+def test_party_init_on_a_damaged_record_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "alice"
+    assert main(["party", "init", "--state-dir", str(state), "--index", "0"]) == 0
+    whole = _record(state)
+    (state / "jobs" / "j1.json").write_bytes(whole[:10])
+    capsys.readouterr()
+    assert main(["party", "init", "--state-dir", str(state), "--index", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ppfs party init: error:"), err
+    assert "jobs/j1.json" in err and "restore it" in err and "Traceback" not in err
