@@ -292,7 +292,9 @@ def _select_run(args: argparse.Namespace, table: LabelledTable, security: Securi
         _make_workdir(workdir)
         t0 = time.monotonic()
         try:
-            with _ProgressDisplay(enabled=sys.stderr.isatty() and not args.json) as show:
+            tty = sys.stderr.isatty()
+            with _ProgressDisplay(enabled=tty and not args.json,
+                                  lines=not tty and not args.json) as show:
                 selection = asyncio.run(
                     run_select(table, args.k, security, engine, workdir, fixed_point=fp,
                                progress=show, train=train, reveal_reduced=reveal_reduced,
@@ -447,12 +449,20 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 class _ProgressDisplay:
-    """Phase messages on a terminal (rich status line); silent otherwise."""
+    """Phase messages: on a terminal one live status line (rich); with ``lines`` (stderr
+    piped or in a file) one line per new phase and, for the secure computation's own
+    percentage, at most one line every :attr:`LINE_SECONDS`, so that a long run is never
+    silent. The messages carry public phase names and counters only."""
 
-    def __init__(self, enabled: bool) -> None:
+    LINE_SECONDS = 10.0
+
+    def __init__(self, enabled: bool, lines: bool = False) -> None:
         self.enabled = enabled
+        self.lines = lines and not enabled
         self._status: Any = None
         self._t0 = time.monotonic()
+        self._last_text: str | None = None
+        self._last_at = 0.0
 
     def __enter__(self) -> _ProgressDisplay:
         if self.enabled:
@@ -463,10 +473,19 @@ class _ProgressDisplay:
         return self
 
     def __call__(self, phase: str) -> None:
+        now = time.monotonic()
+        if isinstance(phase, ProgressNote):
+            text = f"{phase} ({phase.fraction:.0%} of the secure computation)"
+        else:
+            text = str(phase)
         if self._status is not None:
-            if isinstance(phase, ProgressNote):
-                phase = f"{phase} ({phase.fraction:.0%} of the secure computation)"
-            self._status.update(f"[{time.monotonic() - self._t0:6.1f}s] {phase}")
+            self._status.update(f"[{now - self._t0:6.1f}s] {text}")
+        elif self.lines and text != self._last_text:
+            note = isinstance(phase, ProgressNote)
+            if note and self._last_at and now - self._last_at < self.LINE_SECONDS:
+                return
+            self._last_text, self._last_at = text, (now if note else 0.0)
+            print(f"ppfs: [{now - self._t0:6.1f}s] {text}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: object) -> None:
         if self._status is not None:
