@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -145,3 +146,51 @@ def test_garbage_in_a_job_description_is_refused_naming_it(tmp_path: Path) -> No
     dep = _run(tmp_path, scenario)
     refused = [e for e in _audit(dep, 0) if e["event"] == "job.refused"]
     assert len(refused) == 6 and all(e["failure"] == "refused" for e in refused)
+
+
+def test_a_description_as_large_as_a_message_is_refused_at_once(tmp_path: Path) -> None:
+    """Pins of one held upload repeated 30,000 times, 30,000 uploads the party never
+    saw, or 200,000 such data sets: within gRPC's message limit. The party counts them
+    against what it holds before reading any further and refuses at once (the pins'
+    check used to take time quadratic in their number, in the event loop: seconds,
+    then minutes, during which the party answered nothing)."""
+
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        up, mask = _data(dep, box), _mask(dep, box)
+        await _stored_at_alice(stubs[0], up, mask)
+        desc = describe_job("j", [[up]], mask=mask, k=1, security="passive-3pc",
+                            engine="mpyc", peers=dep.peer_addresses(),
+                            recipient_public_key=bytes(dep.owners["owner-a"].box.public_key))
+
+        def repeat_pin(d: party_pb2.JobDescription) -> None:
+            d.datasets[0].uploads.extend([d.datasets[0].uploads[0]] * 29_999)
+
+        def distinct_pins(d: party_pb2.JobDescription) -> None:
+            for i in range(30_000):
+                d.datasets[0].uploads.add(upload_id=f"x{i}", rows=ROWS)
+
+        def many_datasets(d: party_pb2.JobDescription) -> None:
+            for i in range(200_000):
+                ds = d.datasets.add(dataset_id=f"d{i}")
+                ds.uploads.add(upload_id="x", rows=ROWS)
+                d.dataset_ids.append(ds.dataset_id)
+
+        for job_id, change, text in (
+            ("pins", repeat_pin, "the job pins upload 'u1' of data set 'ds' more than once"),
+            ("distinct", distinct_pins, "the job pins more uploads than the 2 Alice holds"),
+            ("sets", many_datasets, "the job names 200001 data sets; Alice holds 2"),
+        ):
+            big = _changed(desc, job_id, change)
+            assert big.ByteSize() > 300_000
+            t0 = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await _start(stubs[0], big)
+            assert time.monotonic() - t0 < 2.0, f"{job_id}: {time.monotonic() - t0:.1f} s"
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert text in (info.value.details() or ""), info.value.details()
+        # the genuine job is untouched by them
+        assert (await _start(stubs[0], _changed(desc, "good", lambda d: None))).job_id == "good"
+        await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id="good"))
+
+    _run(tmp_path, scenario)

@@ -455,7 +455,7 @@ def check_consents(
     limited: dict[tuple[str, str], list[str]] = {}  # digests with a job left
     expired: set[tuple[str, str]] = set()
     spent: dict[tuple[str, str], int] = {}  # its limit, all used
-    for sc in job.consents:
+    for sc in dict.fromkeys(job.consents):  # one consent relayed many times counts once
         c = sc.consent
         key = owner_keys.get(c.owner_id)
         if key is None:

@@ -20,6 +20,7 @@ signed order, and the plan of the held manifests
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,6 +83,17 @@ class PinnedInputsError(ParameterError):
     """The uploads this party holds differ from those the job pins."""
 
 
+class _Problems(list[str]):
+    """The differences found, as many as a message names (480 characters)."""
+
+    def append(self, problem: str) -> None:
+        if len(self) < 24:  # every problem names at least 20 characters
+            super().append(problem)
+
+    def __str__(self) -> str:
+        return "; ".join(self)[:480]
+
+
 def pinned_uploads(store: ShareStore, job: JobContract, party_name: str
                    ) -> list[list[StoredUpload]]:
     """The job's uploads as held here, per data set in the job's order; PinnedInputsError
@@ -93,18 +105,24 @@ def pinned_plan(store: ShareStore, job: JobContract, party_name: str
                 ) -> tuple[list[list[StoredUpload]], Plan]:
     """:func:`pinned_uploads` and the plan (columns, exponents, classes) of the
     owner-signed manifests held here."""
-    problems: list[str] = []
+    # linear in the description and the store: a description the size of a gRPC message
+    # (a million pins of one upload, or of as many data sets) is refused in a moment
+    held_by = store.held_by_dataset(ds.dataset_id for ds in job.datasets)
+    problems = _Problems()
     found: list[list[StoredUpload]] = []
     for ds in job.datasets:
-        held = {u.manifest.upload_id: u for u in store.held_uploads(ds.dataset_id)}
+        held = held_by.get(ds.dataset_id, {})
         named = {u.upload_id for u in ds.uploads}
-        pins = [u.upload_id for u in ds.uploads]
-        for twice in sorted({i for i in pins if pins.count(i) > 1}):
+        pins = collections.Counter(u.upload_id for u in ds.uploads)
+        for twice in sorted(i for i, n in pins.items() if n > 1):
             # its rows would be stacked again: another owner's weight, another m
             problems.append(f"the job pins upload {twice!r} of data set {ds.dataset_id!r} "
                             "more than once")
-        ups = []
+        ups, seen = [], set()
         for pin in ds.uploads:
+            if pin.upload_id in seen:  # named above, once
+                continue
+            seen.add(pin.upload_id)
             u = held.get(pin.upload_id)
             if u is None:
                 problems.append(f"{party_name} does not hold upload {pin.upload_id!r} "
@@ -122,7 +140,7 @@ def pinned_plan(store: ShareStore, job: JobContract, party_name: str
                             f"{ds.dataset_id!r} not named by the job")
         found.append(ups)
     if problems:
-        raise PinnedInputsError("; ".join(problems)[:480])
+        raise PinnedInputsError(str(problems))
     for ds, ups in zip(job.datasets, found, strict=True):
         listed = [u.manifest.upload_id for u in ups]
         signed = [u.manifest.upload_id for u in sorted(ups, key=lambda u: u.manifest.order_key())]

@@ -88,7 +88,7 @@ from ppfs.errors import EngineUnavailableError, ParameterError, PpfsError
 from ppfs.step2a import Security, Step2AShape
 from ppfs.v1 import party_pb2
 from ppfs_party.audit import AuditLog
-from ppfs_party.combine import assemble, pinned_plan
+from ppfs_party.combine import PinnedInputsError, assemble, pinned_plan
 from ppfs_party.config import PartySettings
 from ppfs_party.errors import (
     CorruptStateError,
@@ -355,6 +355,7 @@ class JobRunner:
                 raise JobConflictError(f"job {job_id!r} was cancelled before it reached "
                                        f"{self.settings.name}")
             raise JobConflictError(f"job {job_id!r} exists already on this party")
+        self._check_size(desc)
         job = JobContract.from_proto(desc)  # ParameterError when incomplete or inconsistent
         security = job.security
         engine = self.engines.get(job.engine)
@@ -409,6 +410,29 @@ class JobRunner:
         self._records[job_id] = rec
         self._consent_uses.update(spent)
         return rec, job, engine
+
+    def _check_size(self, desc: party_pb2.JobDescription) -> None:
+        """A job names no more data sets and pins no more uploads than this party holds:
+        checked before the description is read any further, and reading at most as many
+        pins as are held, so that one the size of a gRPC message (a million pins of one
+        upload, or as many data sets) is refused at once."""
+        held_datasets, held_uploads = self.store.counts()
+        name = self.settings.name
+        if len(desc.datasets) > max(held_datasets, 1):
+            raise PinnedInputsError(f"the job names {len(desc.datasets)} data sets; {name} "
+                                    f"holds {held_datasets}")
+        if sum(len(d.uploads) for d in desc.datasets) <= max(held_uploads, 1):
+            return
+        seen: set[tuple[str, str]] = set()
+        for d in desc.datasets:
+            for u in d.uploads:
+                if (d.dataset_id, u.upload_id) in seen:  # said as the full check says it
+                    raise PinnedInputsError(f"the job pins upload {u.upload_id!r} of data set "
+                                            f"{d.dataset_id!r} more than once")
+                seen.add((d.dataset_id, u.upload_id))
+                if len(seen) > held_uploads:  # one of them at least is not held here
+                    raise PinnedInputsError(
+                        f"the job pins more uploads than the {held_uploads} {name} holds")
 
     async def _compile(self, engine: Engine, shape: Step2AShape, security: Security) -> str:
         """The program's hash, compiling it if needed. Cancelling the caller does not stop

@@ -42,7 +42,7 @@ import shutil
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -250,6 +250,20 @@ class ShareStore:
             (u for u in self._uploads.values() if u.manifest.dataset_id == dataset_id),
             key=lambda u: u.manifest.upload_id,
         )
+
+    def counts(self) -> tuple[int, int]:
+        """(data sets, uploads) committed here."""
+        return len({u.manifest.dataset_id for u in self._uploads.values()}), len(self._uploads)
+
+    def held_by_dataset(self, dataset_ids: Iterable[str]) -> dict[str, dict[str, StoredUpload]]:
+        """The committed uploads, by upload id, of each of ``dataset_ids`` this party holds
+        any of (a data set it holds none of is left out), in one pass over the store."""
+        wanted = set(dataset_ids)
+        found: dict[str, dict[str, StoredUpload]] = {}
+        for u in self._uploads.values():
+            if u.manifest.dataset_id in wanted:
+                found.setdefault(u.manifest.dataset_id, {})[u.manifest.upload_id] = u
+        return found
 
     def dataset_uploads(self, dataset_id: str) -> list[StoredUpload]:
         """Committed uploads of a dataset, in upload-id order (the same on every party)."""
