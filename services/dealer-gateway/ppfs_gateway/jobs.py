@@ -209,9 +209,11 @@ def plan_job(
             f"choose one of {', '.join(s.value for s in Security)}"
         ) from None
     if security.parties != len(identities):
+        fitting = [s.value for s in Security if s.parties == len(identities)]
+        hint = f": choose {' or '.join(fitting)} (--security)" if fitting else ""
         raise InvalidRequest(
-            f"{security.value} needs {security.parties} parties; "
-            f"this deployment has {len(identities)}"
+            f"security: {security.value} needs {security.parties} parties; "
+            f"this deployment has {len(identities)}{hint}"
         )
     runs = ENGINE_SECURITIES.get(spec.engine)
     if runs is None:
