@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from ppfs_client.sdk import ApiError
 from ppfs_gateway.errors import GatewayStorageError
 from ppfs_gateway.main import RequestGuard
 from ppfs_gateway.registry import Registry
-from service_fakes import Stack, make_stack, owner_table
+from service_fakes import Stack, horizontal_setup, make_stack, owner_table, wait_final
 
 from ppfs.synthetic import make_table
 
@@ -143,3 +144,32 @@ def test_a_body_the_gateway_cannot_spool_is_a_507_naming_its_disk(
     assert list((s.root / "gateway" / "spool").iterdir()) == []  # nothing kept
     monkeypatch.undo()
     assert s.client("owner-a").create_dataset("study")["id"]
+
+
+def test_a_job_the_registry_cannot_record_runs_on_once_space_is_back(tmp_path: Path) -> None:
+    s = make_stack(tmp_path, party_lost_seconds=3.0)  # polls every half second
+    try:
+        _job_runs_on_once_space_is_back(s)
+    finally:
+        s.loop.loop.call_soon_threadsafe(s.cluster.release.set)
+        s.close()
+
+
+def _job_runs_on_once_space_is_back(s: Stack) -> None:
+    _, ids, _ = horizontal_setup(s)
+    s.cluster.hold = True  # the parties run the job until released
+    full = _fill(_registry(s))
+    full.fail_on = "UPDATE jobs SET state"  # the parties started it; "running" is not kept
+    analyst = s.client("analyst-1")
+    job = analyst.submit(s.keys["analyst-1"], ids, label="label", k=2)
+    deadline = time.monotonic() + 10
+    while not all(job["id"] in p.jobs for p in s.cluster.parties):
+        assert time.monotonic() < deadline, "the parties were not asked to run the job"
+        time.sleep(0.05)
+    time.sleep(0.5)  # a few rounds of failed writes
+    assert analyst.get_job(job["id"])["state"] == "queued"  # what the registry holds
+    full.fail_on = None  # space is back
+    s.loop.loop.call_soon_threadsafe(s.cluster.release.set)
+    done = wait_final(analyst, job["id"], timeout=20)
+    assert done["state"] == "succeeded", done
+    assert len(analyst.fetch_result(s.keys["analyst-1"], job["id"]).columns) == 2

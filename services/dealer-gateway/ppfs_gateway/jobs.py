@@ -56,6 +56,7 @@ from ppfs_gateway.errors import (
     Conflict,
     Forbidden,
     GatewayError,
+    GatewayStorageError,
     IncompatibleSchemas,
     InvalidRequest,
     NotFound,
@@ -421,7 +422,17 @@ class JobCoordinator:
             if job is None or job.state in FINAL_STATES:
                 return  # cancelled while queued
             try:
-                await self._start_and_watch(job, resume)
+                while True:
+                    try:
+                        await self._start_and_watch(job, resume)
+                        break
+                    except GatewayStorageError as exc:
+                        # the registry cannot record the job's progress (its disk is
+                        # full): the parties may be running it, so it keeps its ports and
+                        # is picked up again, as after a restart, until space is back
+                        log.error("[Gateway.Job] job=%s not recorded: %s", job_id, exc)
+                        await asyncio.sleep(self.poll_seconds)
+                        resume = True
             finally:
                 self._running.discard(job_id)
                 self._kick()
