@@ -571,7 +571,11 @@ class GatewayClient:
             if self.get_dataset(d)["owner_id"] == keys.subject:
                 self.consent(keys, d, keys.subject, keys.box_public_key, reveal)
         if mask_upload_id is None:
-            mask_upload_id = self.create_masks(keys, count, deployment=dep)
+            try:
+                mask_upload_id = self.create_masks(keys, count, deployment=dep)
+            except ApiError as exc:  # said as what it is: no upload of the analyst's own
+                raise ApiError(exc.status, exc.title, "no job was submitted: uploading "
+                               f"its output masks failed: {exc.detail}") from None
         body["mask_upload_id"] = mask_upload_id
         # what every party will check the job against: only what is asked here runs
         try:
