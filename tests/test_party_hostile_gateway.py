@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -194,3 +194,38 @@ def test_a_description_as_large_as_a_message_is_refused_at_once(tmp_path: Path) 
         await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id="good"))
 
     _run(tmp_path, scenario)
+
+
+def test_a_part_larger_than_its_manifest_says_is_refused_unread(tmp_path: Path) -> None:
+    """A genuine manifest with a header announcing 64 MiB for a part of a few kB, then
+    64 MiB of garbage: the party used to take it all in memory (up to its limit, 1 GiB
+    by default, for any part) before the hash told it apart. The manifest's rows and
+    columns fix the part's size; the header is refused before a chunk is read, nothing is
+    stored, and the genuine part is accepted afterwards."""
+    claimed, chunk = 64 << 20, b"\0" * (1 << 20)
+
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        up = _data(dep, box)
+        sent = 0
+
+        async def hostile() -> AsyncIterator[party_pb2.UploadPartChunk]:
+            nonlocal sent
+            header = next(iter(upload_messages(up, 0)))
+            header.header.sealed_size = claimed
+            yield header
+            while sent < claimed:
+                sent += len(chunk)
+                yield party_pb2.UploadPartChunk(chunk=chunk)
+
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stubs[0].PutUploadPart(hostile())
+        assert sent < claimed // 4, f"{sent >> 20} MiB were taken"
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+        assert f"announces {claimed} sealed bytes" in (info.value.details() or "")
+        listing = await stubs[0].ListUploads(party_pb2.ListUploadsRequest(dataset_id="ds"))
+        assert not listing.uploads
+        await stubs[0].PutUploadPart(upload_messages(up, 0))  # nothing was half-kept
+
+    dep = _run(tmp_path, scenario)
+    assert [e["event"] for e in _audit(dep, 0)] == ["upload.rejected", "upload.accepted"]

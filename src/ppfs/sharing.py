@@ -31,6 +31,8 @@ from ppfs.errors import ShareFormatError
 MAGIC = b"PPFSSHR1"
 _U32 = struct.Struct("<I")
 _MAX_HEADER = 1 << 16
+# the most a serialized bundle holds besides its words: magic, header length, header
+BUNDLE_HEAD_MAX = len(MAGIC) + _U32.size + _MAX_HEADER
 # os.urandom is read this many bytes at a time into the words' own buffer, so a large
 # draw never holds a second copy of itself
 _URANDOM_CHUNK = 1 << 24

@@ -17,12 +17,13 @@ import struct
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from nacl.bindings import crypto_box_SEALBYTES
 from nacl.exceptions import BadSignatureError, CryptoError
 from nacl.public import PrivateKey, PublicKey, SealedBox
 from nacl.signing import SigningKey, VerifyKey
 
 from ppfs.errors import ShareFormatError
-from ppfs.sharing import ShareBundle
+from ppfs.sharing import BUNDLE_HEAD_MAX, ShareBundle
 
 _LEN = struct.Struct("<Q")
 SIGNED_AT_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
@@ -98,6 +99,19 @@ class Manifest:
         signed in the manifest, then by upload id. Every party and the gateway stack a
         data set's rows in this order, fixed by the owners' signatures alone."""
         return self.signed_at(), self.upload_id
+
+
+def sealed_size_range(manifest: Manifest, components: int) -> tuple[int, int]:
+    """The sizes one party's sealed part can have, from the owner-signed manifest alone:
+    its words exactly (``components`` share components of the data and, with a label,
+    of the one-hot label; or of the two mask words per row), plus the sealed box and, per
+    bundle, its length prefix and at most :data:`ppfs.sharing.BUNDLE_HEAD_MAX` bytes."""
+    label = max(len(manifest.classes) - 1, 0) if manifest.label_column else 0
+    words = sorted({len(manifest.columns) + label, 2})  # a data part, or a mask
+    per_column = 8 * max(manifest.rows, 0) * components
+    low = crypto_box_SEALBYTES + _LEN.size + words[0] * per_column
+    high = crypto_box_SEALBYTES + 2 * (_LEN.size + BUNDLE_HEAD_MAX) + words[-1] * per_column
+    return low, high
 
 
 def pack_bundles(bundles: Sequence[ShareBundle]) -> bytes:

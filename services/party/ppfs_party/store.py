@@ -51,7 +51,14 @@ from nacl.public import PrivateKey
 from ppfs.durable import fsync_dir, write_durable
 from ppfs.errors import ParameterError, ShareFormatError
 from ppfs.sharing import Scheme, ShareBundle
-from ppfs.upload import Manifest, UploadRejected, open_sealed, unpack_bundles, verify_manifest
+from ppfs.upload import (
+    Manifest,
+    UploadRejected,
+    open_sealed,
+    sealed_size_range,
+    unpack_bundles,
+    verify_manifest,
+)
 from ppfs_party.audit import AuditLog
 from ppfs_party.errors import (
     NotFoundError,
@@ -409,6 +416,13 @@ class ShareStore:
         if header.sealed_size > self.max_upload_bytes:
             raise UploadTooLargeError(
                 f"the sealed part exceeds this party's limit of {self.max_upload_bytes} bytes"
+            )
+        # the size is the gateway's word; the manifest's rows and columns are the owner's
+        low, high = sealed_size_range(manifest, len(scheme.components_of(self.party)))
+        if not low <= header.sealed_size <= high:
+            raise UploadRejected(
+                f"the header announces {header.sealed_size} sealed bytes; the owner's manifest "
+                f"makes this party's part {low} to {high} bytes"
             )
         async with self._lock:
             if self._refused(manifest.upload_id):
