@@ -117,7 +117,9 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ppfs_gateway.core.config import load_settings
+    from ppfs_gateway.errors import GatewayError
     from ppfs_gateway.main import DropQueryString, create_app
+    from ppfs_gateway.registry import Registry
 
     os.umask(0o077)  # the registry, spooled bodies and any log it writes: owner only
     configure_logging(args.log_format)
@@ -146,6 +148,14 @@ def _serve(args: argparse.Namespace) -> int:
     except (StateDirInUse, OSError) as exc:
         print(f"ppfs gateway serve: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    # a registry there is read before serving: one that cannot be read is one line here
+    # (the app opens it again in its lifespan; a new one is made there)
+    try:
+        if settings.db_path.exists():
+            Registry(settings.db_path).close()
+    except GatewayError as exc:
+        print(f"ppfs gateway serve: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     try:
         problem = check_keys(settings, args.make_keys)
     except OSError as exc:
@@ -169,7 +179,7 @@ def _serve(args: argparse.Namespace) -> int:
     # after uvicorn.Config has set up its loggers
     logging.getLogger("uvicorn.access").addFilter(DropQueryString())
 
-    async def run() -> None:
+    async def run() -> bool:
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
@@ -178,7 +188,9 @@ def _serve(args: argparse.Namespace) -> int:
             tmp = args.port_file.with_name(args.port_file.name + ".tmp")
             tmp.write_text(str(port))
             tmp.replace(args.port_file)
+        started = server.started
         await task
+        return started
 
-    asyncio.run(run())
-    return 0
+    # a gateway that never served (its start failed: logged) does not exit as a success
+    return 0 if asyncio.run(run()) else EXIT_FAILED

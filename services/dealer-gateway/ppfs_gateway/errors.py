@@ -81,6 +81,11 @@ class GatewayStorageError(GatewayError):
     type_slug = "gateway-storage"
 
 
+class RegistryUnreadable(GatewayError):
+    """At start: the registry file is not a database SQLite can read (truncated,
+    overwritten, corrupted). The gateway refuses to start rather than lose its records."""
+
+
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 # SQLite's primary result codes for a full disk and a failed read or write of its files
 _SQLITE_STORAGE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR}

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ppfs_gateway.errors import is_storage_failure, storage_error
+from ppfs_gateway.errors import RegistryUnreadable, is_storage_failure, storage_error
+
+# SQLite's result codes for a file that is not (or no longer) a whole database
+_DAMAGED = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -205,9 +208,32 @@ class Registry:
     """Thread-safe access to the SQLite registry (one connection, one lock)."""
 
     def __init__(self, path: Path) -> None:
+        """Open (or create) the registry at ``path``. One that SQLite cannot read, or whose
+        integrity check fails, raises :class:`RegistryUnreadable` naming it: never
+        replaced, never used in part."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        try:
+            self._open()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if is_storage_failure(exc):
+                raise storage_error(exc, "opening its registry") from None
+            code = getattr(exc, "sqlite_errorcode", None)  # None: the integrity check's
+            if code is not None and code & 0xFF not in _DAMAGED:
+                raise
+            raise RegistryUnreadable(
+                f"the registry {path} cannot be read ({exc}): restore it from a backup; "
+                "the gateway does not start without it") from None
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _open(self) -> None:
+        problems = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
+        if problems != ["ok"]:
+            raise sqlite3.DatabaseError(f"integrity check: {'; '.join(problems[:3])[:200]}")
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA foreign_keys=ON")
