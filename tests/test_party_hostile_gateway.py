@@ -229,3 +229,44 @@ def test_a_part_larger_than_its_manifest_says_is_refused_unread(tmp_path: Path) 
 
     dep = _run(tmp_path, scenario)
     assert [e["event"] for e in _audit(dep, 0)] == ["upload.rejected", "upload.accepted"]
+
+
+def test_an_upload_stream_that_never_ends_is_refused_in_the_partys_time(
+    tmp_path: Path,
+) -> None:
+    """Half a genuine part and then silence, or empty chunks for ever: the party's stream
+    used to wait as long as the gateway kept the call open, holding the bytes and the
+    upload id (the genuine part was refused meanwhile as a replay). The party gives a
+    part its own time (``upload_timeout`` plus one second per 256 KiB), then refuses it
+    naming the time; nothing is kept and the id is free again."""
+
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        up = _data(dep, box)
+        messages = list(upload_messages(up, 0))
+        half = messages[1].chunk[: len(messages[1].chunk) // 2]
+
+        async def stalls() -> AsyncIterator[party_pb2.UploadPartChunk]:
+            yield messages[0]
+            yield party_pb2.UploadPartChunk(chunk=half)
+            await asyncio.Event().wait()  # the gateway keeps the call open, sends nothing
+            yield messages[1]  # not reached
+
+        async def drips() -> AsyncIterator[party_pb2.UploadPartChunk]:
+            yield messages[0]
+            while True:
+                yield party_pb2.UploadPartChunk(chunk=b"")
+                await asyncio.sleep(0.01)
+
+        for stream, got in ((stalls, len(half)), (drips, 0)):
+            t0 = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stubs[0].PutUploadPart(stream(), timeout=10)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "the sealed part did not arrive within 1 s" in (info.value.details() or "")
+            assert f"({got} of {len(up.parts[0])} bytes)" in (info.value.details() or "")
+            assert time.monotonic() - t0 < 3.0
+        await stubs[0].PutUploadPart(upload_messages(up, 0))  # the id was let go
+
+    dep = _run(tmp_path, scenario, upload_timeout=0.5)
+    assert [e["event"] for e in _audit(dep, 0)] == ["upload.rejected"] * 2 + ["upload.accepted"]

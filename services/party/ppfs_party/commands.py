@@ -36,7 +36,14 @@ from ppfs.pki import (
     replace_public_file,
     save_ca,
 )
-from ppfs_party.config import DEFAULT_BUNDLE_CACHE, DEFAULT_MAX_UPLOAD, MpcDial, PartySettings
+from ppfs_party.config import (
+    DEFAULT_BUNDLE_CACHE,
+    DEFAULT_MAX_UPLOAD,
+    DEFAULT_UPLOAD_TIMEOUT,
+    MIN_UPLOAD_RATE,
+    MpcDial,
+    PartySettings,
+)
 from ppfs_party.keys import check_client_name, sign_party_requests
 from ppfs_party.state import open_state
 from ppfs_party.store import register_owner
@@ -73,6 +80,11 @@ def add_commands(subparsers: Any) -> None:
     serve.add_argument("--engine", action="append", choices=["mp-spdz", "mpyc"], default=None,
                        help="offer this engine (repeatable; default: every usable one)")
     serve.add_argument("--max-upload-bytes", type=int, default=DEFAULT_MAX_UPLOAD)
+    serve.add_argument("--upload-timeout", type=float, default=DEFAULT_UPLOAD_TIMEOUT,
+                       metavar="SECONDS",
+                       help="refuse an upload part not received within SECONDS plus one "
+                            f"second per {MIN_UPLOAD_RATE >> 10} KiB of it (default "
+                            f"{DEFAULT_UPLOAD_TIMEOUT:g})")
     serve.add_argument("--bundle-cache-mib", type=int, default=DEFAULT_BUNDLE_CACHE >> 20,
                        metavar="MIB",
                        help="keep loaded upload shares in memory for the next job, up to "
@@ -184,6 +196,7 @@ def _settings(args: argparse.Namespace) -> PartySettings:
             mpc_port_count=args.mpc_port_count, gateway_name=args.gateway_name,
             max_concurrent_jobs=args.max_concurrent_jobs,
             mpc_bind_host=args.mpc_bind_host, max_upload_bytes=args.max_upload_bytes,
+            upload_timeout=args.upload_timeout,
             bundle_cache_bytes=args.bundle_cache_mib << 20,
             job_timeout=args.job_timeout, port_file=args.port_file,
             mpspdz_cache=args.mpspdz_cache, metrics_listen=args.metrics_listen,

@@ -12,6 +12,9 @@ from ppfs.pki import DEFAULT_GATEWAY_NAME
 
 DEFAULT_MAX_UPLOAD = 1 << 30  # bytes of one sealed part
 DEFAULT_BUNDLE_CACHE = 256 << 20  # a SPEED-sized upload's data is 16 MiB per party
+# a part must arrive within this many seconds, plus one second per MIN_UPLOAD_RATE bytes
+DEFAULT_UPLOAD_TIMEOUT = 60.0
+MIN_UPLOAD_RATE = 256 << 10  # bytes per second: 1 GiB in 68 minutes
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,9 @@ class PartySettings:
     mpspdz_home: Path | None = None  # default: $MPSPDZ_HOME, else /opt/mp-spdz
     mpspdz_cache: Path | None = None  # compiled programs; default <state>/cache/mpspdz
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD
+    # a part's stream ends, refused, after this many seconds plus its size at
+    # MIN_UPLOAD_RATE: one that stalls, or drips empty chunks, holds nothing for ever
+    upload_timeout: float = DEFAULT_UPLOAD_TIMEOUT
     # loaded upload bundles kept in memory for the next job (0: none kept)
     bundle_cache_bytes: int = DEFAULT_BUNDLE_CACHE
     job_timeout: float | None = None  # engine time limit per run; None: engine default
@@ -123,6 +129,8 @@ class PartySettings:
             raise ParameterError("max_concurrent_jobs must be 1..64")
         if self.max_upload_bytes < 1:
             raise ParameterError("max_upload_bytes must be positive")
+        if not 0 < self.upload_timeout <= 86_400:
+            raise ParameterError("upload_timeout must be more than 0 and at most a day")
         if self.bundle_cache_bytes < 0:
             raise ParameterError("bundle_cache_bytes must be 0 or more")
         if not self.gateway_name.strip():

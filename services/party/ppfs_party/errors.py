@@ -46,6 +46,10 @@ class UploadTooLargeError(UploadRejected):
     """The sealed part exceeds this party's size limit."""
 
 
+class UploadTimedOutError(UploadRejected):
+    """The sealed part did not arrive within the party's time for its size."""
+
+
 class TombstonesFullError(PartyError):
     """An id this party never saw would be remembered (cancelled or aborted) beyond the
     number it keeps."""
@@ -119,6 +123,7 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     UploadUnauthorizedError: grpc.StatusCode.PERMISSION_DENIED,
     CallerNotGatewayError: grpc.StatusCode.PERMISSION_DENIED,
     UploadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    UploadTimedOutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     TombstonesFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     DiskFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     # a failed write is this party's own fault: INTERNAL, but with the message naming it

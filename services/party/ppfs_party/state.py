@@ -104,7 +104,8 @@ def open_state(settings: PartySettings) -> PartyState:
     keys = load_or_create(settings.state_dir, settings.index, settings.control_name, engines)
     audit = AuditLog(settings.state_dir / "audit.log")
     store = ShareStore(settings.state_dir, settings.index, keys.box, audit,
-                       settings.max_upload_bytes, settings.bundle_cache_bytes)
+                       settings.max_upload_bytes, settings.bundle_cache_bytes,
+                       settings.upload_timeout)
     store.open()
     metrics = PartyMetrics(settings.name)
     jobs = JobRunner(settings, keys, store, audit, engines)

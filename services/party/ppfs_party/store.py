@@ -1,7 +1,9 @@
 """Durable share store: verified uploads of this party's share components.
 
 An upload becomes visible only complete and verified. The sealed part is received
-in memory (at most ``max_upload_bytes``), checked, and its manifest, signature and
+in memory (at most ``max_upload_bytes``, of the size its signed manifest implies, within
+``upload_timeout`` plus a second per ``MIN_UPLOAD_RATE`` bytes; the header's word for
+its size decides nothing), checked, and its manifest, signature and
 share bundles are written to a temporary directory ``uploads/.tmp-*`` with every
 file fsynced, renamed to ``uploads/<upload_id>`` and the parent fsynced. A crash at
 any point leaves either nothing or the whole upload (temporary directories are
@@ -60,11 +62,13 @@ from ppfs.upload import (
     verify_manifest,
 )
 from ppfs_party.audit import AuditLog
+from ppfs_party.config import DEFAULT_UPLOAD_TIMEOUT, MIN_UPLOAD_RATE
 from ppfs_party.errors import (
     NotFoundError,
     TombstonesFullError,
     UploadDecisionError,
     UploadReplayedError,
+    UploadTimedOutError,
     UploadTooLargeError,
     UploadUnauthorizedError,
     storage_error,
@@ -183,12 +187,14 @@ class ShareStore:
     def __init__(
         self, state_dir: Path, party: int, box_key: PrivateKey, audit: AuditLog,
         max_upload_bytes: int, bundle_cache_bytes: int = 0,
+        upload_timeout: float = DEFAULT_UPLOAD_TIMEOUT,
     ) -> None:
         self.state_dir = state_dir
         self.party = party
         self._box_key = box_key
         self.audit = audit
         self.max_upload_bytes = max_upload_bytes
+        self.upload_timeout = upload_timeout
         # loaded upload bundles kept for the next job (None: every job reads them)
         self._cache = BundleCache(bundle_cache_bytes) if bundle_cache_bytes > 0 else None
         self.uploads_dir = state_dir / "uploads"
@@ -452,11 +458,22 @@ class ShareStore:
             self._inflight.discard(manifest.upload_id)
 
     async def _receive(self, size: int, chunks: AsyncIterator[bytes]) -> bytes:
+        """The sealed bytes, within this party's time for a part of ``size`` bytes: a
+        stream that stalls, or sends empty chunks for ever, is refused at that time (and
+        its upload id is free again)."""
+        seconds = self.upload_timeout + size / MIN_UPLOAD_RATE
         buf = bytearray()
-        async for chunk in chunks:
-            buf += chunk
-            if len(buf) > size:
-                raise UploadRejected("more sealed bytes arrived than the header announced")
+        try:
+            async with asyncio.timeout(seconds):
+                async for chunk in chunks:
+                    buf += chunk
+                    if len(buf) > size:
+                        raise UploadRejected("more sealed bytes arrived than the header "
+                                             "announced")
+        except TimeoutError:
+            raise UploadTimedOutError(
+                f"the sealed part did not arrive within {seconds:.0f} s ({len(buf)} of "
+                f"{size} bytes)") from None
         if len(buf) != size:
             raise UploadRejected("the sealed part is incomplete")
         return bytes(buf)
