@@ -258,3 +258,25 @@ def test_full_disk_keeping_a_result_fails_the_job_naming_the_disk(
     assert again.get("j").state == "failed"
     with pytest.raises(JobConflictError, match="no result"):
         again.result_part("j")
+
+
+# ------------------------------------------------------------------ the audit log
+
+
+def test_an_audit_line_the_disk_takes_part_of_leaves_no_torn_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    audit = AuditLog(tmp_path / "audit.log")
+    audit.record("upload.accepted", upload_id="u1")
+    real_write = os.write
+
+    def half(fd: int, data: bytes) -> int:  # the disk fills in the middle of the line
+        return real_write(fd, data[: len(data) // 2])
+
+    monkeypatch.setattr(os, "write", half)
+    with pytest.raises(OSError, match="No space left"):
+        audit.record("job.accepted", job_id="j1")
+    monkeypatch.undo()
+    assert [e["event"] for e in audit.entries()] == ["upload.accepted"]
+    audit.record("job.failed", job_id="j1")  # space is back: the log goes on, whole
+    assert [e["event"] for e in audit.entries()] == ["upload.accepted", "job.failed"]

@@ -7,7 +7,9 @@ fingerprints, word counts. Never a share, a key or an opened word.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import errno
 import json
 import os
 import threading
@@ -25,11 +27,21 @@ class AuditLog:
         entry = {"ts": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
                  "event": event, **fields}
         line = json.dumps(entry, sort_keys=True, separators=(",", ":"), default=str) + "\n"
+        data = line.encode()
         with self._lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                os.write(fd, line.encode())
-                os.fsync(fd)
+                end = os.fstat(fd).st_size
+                try:
+                    written = os.write(fd, data)
+                    if written != len(data):  # a full disk takes part of the line
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                    os.fsync(fd)
+                except OSError:
+                    # no torn line is left to spoil the log (and the next entry with it)
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, end)
+                    raise
             finally:
                 os.close(fd)
 
