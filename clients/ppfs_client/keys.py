@@ -37,9 +37,15 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """``data`` at ``path``, 0600, durably; folders made for it 0700, durably too."""
-    _make_dirs(path.parent)
-    replace_private_file(path, data)
+    """``data`` at ``path``, 0600, durably; folders made for it 0700, durably too. A write
+    that fails (a full disk) leaves the old file, if any, and names ``path``."""
+    try:
+        _make_dirs(path.parent)
+        replace_private_file(path, data)
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from None
+        raise
 
 
 def _make_dirs(folder: Path) -> None:
