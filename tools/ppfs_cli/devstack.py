@@ -563,6 +563,18 @@ async def run_demo(args: argparse.Namespace) -> int:
     from ppfs.engines.registry import default_engine_name
 
     engine = args.engine or default_engine_name()
+    # SIGINT and SIGTERM stop the demo the same way: the stack stops, the flow's thread
+    # ends (its next request fails) and the state directory, which holds the CA key, the
+    # parties' keys and their shares, is removed; the exit code is 128 + the signal
+    stop, stopped_by = asyncio.Event(), [signal.SIGINT]
+
+    def on_signal(sig: signal.Signals) -> None:
+        stopped_by[0] = sig
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
     tmp: tempfile.TemporaryDirectory[str] | None = None
     root = args.state_dir
     if root is None:
@@ -573,14 +585,27 @@ async def run_demo(args: argparse.Namespace) -> int:
         lock = await asyncio.to_thread(claim_state_dir, root,
                                        0 if args.state_dir is None else args.port)
         layout = await prepare_state_dir(root, args.parties)
-        stack = Stack(layout)
+        stack = Stack(layout, stop=stop)
         try:
             await stack.start(0 if args.state_dir is None else args.port,
                               args.max_concurrent_jobs)
             print(f"demo: stack up, gateway {stack.url}, engine {engine}", file=sys.stderr)
-            return await asyncio.to_thread(_demo_flow, stack, layout, args, engine)
+            flow = asyncio.ensure_future(
+                asyncio.to_thread(_demo_flow, stack, layout, args, engine))
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({flow, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if flow.done():
+                stopping.cancel()
+                return flow.result()
+            print("demo: stopping", file=sys.stderr, flush=True)
+            await stack.stop()
+            with contextlib.suppress(Exception):
+                await flow
+        except StartInterrupted:
+            pass
         finally:
             await stack.stop()
+        return 128 + int(stopped_by[0])
     finally:
         if lock is not None:
             lock.release()
