@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from party_harness import (
     Deployment,
+    EngineWrapper,
     SealedUpload,
     data_upload,
     describe_job,
@@ -23,10 +24,13 @@ from party_harness import (
     mask_upload,
     upload_messages,
 )
+from ppfs_party import state as party_state
 from ppfs_party.server import PartyServer, start_party_server
 
 from ppfs.contract import description_sha256, service_shape
+from ppfs.engines.mpyc_engine import MpycEngine
 from ppfs.fixedpoint import FixedPoint
+from ppfs.step2a import Security, Step2AShape
 from ppfs.v1 import party_pb2, party_pb2_grpc
 
 Stub = party_pb2_grpc.PartyServiceStub
@@ -41,10 +45,11 @@ def _data(dep: Deployment, box: list[bytes], upload_id: str = "u1") -> SealedUpl
                        classes=("0", "1"))
 
 
-def _mask(dep: Deployment, box: list[bytes]) -> SealedUpload:
-    outputs = service_shape(ROWS, len(COLS), 2, 1, FixedPoint().value_bits, None).outputs
+def _mask(dep: Deployment, box: list[bytes], upload_id: str = "m1", k: int = 1
+          ) -> SealedUpload:
+    outputs = service_shape(ROWS, len(COLS), 2, k, FixedPoint().value_bits, None).outputs
     return mask_upload(dep.owners["owner-a"], box, np.zeros((outputs, 2), dtype=np.uint64),
-                       dataset_id="m", upload_id="m1")
+                       dataset_id="m", upload_id=upload_id)
 
 
 Scenario = Callable[[Deployment, list[PartyServer], list[Stub], list[bytes]], Awaitable[None]]
@@ -270,3 +275,64 @@ def test_an_upload_stream_that_never_ends_is_refused_in_the_partys_time(
 
     dep = _run(tmp_path, scenario, upload_timeout=0.5)
     assert [e["event"] for e in _audit(dep, 0)] == ["upload.rejected"] * 2 + ["upload.accepted"]
+
+
+class _CountingEngine(EngineWrapper):
+    """MPyC whose compile takes a while and counts how many run at once."""
+
+    def __init__(self, inner: MpycEngine) -> None:
+        super().__init__(inner)
+        self.running = self.most = self.compiles = 0
+
+    async def prepare(self, shape: Step2AShape, security: Security) -> str:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await asyncio.sleep(0.3)
+            self.compiles += 1
+            return str(await self.inner.prepare(shape, security))
+        finally:
+            self.running -= 1
+
+
+def test_jobs_started_at_once_compile_within_the_partys_slots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five jobs at once (each on masks of its own, as a gateway holding back
+    submissions could start them), four of one program and one of another: each job
+    used to compile for itself, all at once, beyond the party's one engine slot (an
+    MP-SPDZ compile of a large shape takes minutes and gigabytes). One compile per
+    program, at most ``max_concurrent_jobs`` at a time."""
+    engines: list[_CountingEngine] = []
+
+    def usable(settings: object) -> dict[str, object]:
+        engines.append(_CountingEngine(MpycEngine()))
+        return {"mpyc": engines[-1]}
+
+    monkeypatch.setattr(party_state, "usable_engines", usable)
+
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        up = _data(dep, box)
+        await _stored_at_alice(stubs[0], up)
+        descs = []
+        for n, k in enumerate((1, 1, 1, 1, 2)):
+            mask = _mask(dep, box, f"m{n}", k=k)
+            await _stored_at_alice(stubs[0], mask)
+            descs.append(describe_job(
+                f"j{n}", [[up]], mask=mask, k=k, security="passive-3pc", engine="mpyc",
+                peers=dep.peer_addresses(),
+                recipient_public_key=bytes(dep.owners["owner-a"].box.public_key)))
+        for desc in descs:  # at once: each answered queued before any compile ends
+            await _start(stubs[0], desc)
+        alice = engines[-3]  # the servers' engines, made in party order
+        deadline = time.monotonic() + 10
+        while alice.compiles < 2 or alice.running:
+            assert time.monotonic() < deadline, "the compiles did not end"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # a compile of its own for any job left would show now
+        assert (alice.compiles, alice.most) == (2, 1)
+        for desc in descs:
+            await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id=desc.job_id))
+
+    _run(tmp_path, scenario)

@@ -219,6 +219,10 @@ class JobRunner:
         self._start_lock = asyncio.Lock()
         # compiles go on when their job is cancelled: the program is cached for the next
         self._compiles: set[asyncio.Task[str]] = set()
+        # one compile per program however many jobs wait for it, and no more compiles at
+        # once than engine runs: many jobs started together cost what the party allows
+        self._compiling: dict[tuple[str, Step2AShape, Security], asyncio.Task[str]] = {}
+        self._compile_slot = asyncio.Semaphore(settings.max_concurrent_jobs)
         self.metrics: PartyMetrics | None = None  # told of every change of a job
 
     # -------------------------------------------------------------- records
@@ -436,11 +440,23 @@ class JobRunner:
 
     async def _compile(self, engine: Engine, shape: Step2AShape, security: Security) -> str:
         """The program's hash, compiling it if needed. Cancelling the caller does not stop
-        the compile: its program is kept in the cache for the next job of this shape."""
-        task = asyncio.create_task(engine.prepare(shape, security))
-        self._compiles.add(task)
-        task.add_done_callback(self._compiles.discard)
+        the compile: its program is kept in the cache for the next job of this shape.
+        Jobs of one program share its compile; at most ``max_concurrent_jobs`` compile
+        at once."""
+        key = (engine.name, shape, security)
+        task = self._compiling.get(key)
+        if task is None:
+            task = asyncio.create_task(self._compile_in_slot(engine, shape, security))
+            self._compiling[key] = task
+            self._compiles.add(task)
+            task.add_done_callback(self._compiles.discard)
+            task.add_done_callback(lambda _: self._compiling.pop(key, None))
         return await asyncio.shield(task)
+
+    async def _compile_in_slot(self, engine: Engine, shape: Step2AShape,
+                               security: Security) -> str:
+        async with self._compile_slot:
+            return await engine.prepare(shape, security)
 
     # -------------------------------------------------------------- run
     async def _run(self, rec: JobRecord, job: JobContract, engine: Engine) -> None:
