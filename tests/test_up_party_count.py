@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_up_state_dir import _gone, _up, _wait_up
@@ -40,3 +41,22 @@ def test_a_three_party_state_dir_is_not_started_with_four(tmp_path: Path) -> Non
     assert not (state / "parties" / "p3-dave").exists()  # nothing made for a fourth
     assert sorted(p.name for p in (state / "parties").iterdir()) == [
         "p0-alice", "p1-bob", "p2-carol"]
+
+
+def test_up_takes_no_engine_flag_that_it_would_ignore(tmp_path: Path, capsys: Any) -> None:
+    """`ppfs up` runs no job: an --engine given to it did nothing. It is demo-service's."""
+    import socket
+
+    from ppfs_cli.main import main
+
+    with socket.socket() as busy:  # (an old `ppfs up` stops here, having started nothing)
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = str(busy.getsockname()[1])
+        with pytest.raises(SystemExit) as exc:
+            main(["up", "--engine", "mpyc", "--port", port, "--state-dir", str(tmp_path / "s")])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --engine" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["demo-service", "--help"])
+    assert "--engine {mp-spdz,mpyc}" in capsys.readouterr().out

@@ -730,6 +730,13 @@ def add_commands(sub: Any) -> None:
         "plaintext MS-GINI choice.",
     )
     _stack_args(demo, default_dir=None)
+    # (demo-service's alone: `ppfs up` runs no job; its parties offer every engine usable)
+    demo.add_argument(
+        "--engine",
+        choices=["mp-spdz", "mpyc"],
+        default=None,
+        help="engine for the demo job (default: mp-spdz when found, else mpyc)",
+    )
     demo.add_argument("--rows", type=int, default=200)
     demo.add_argument("--cols", type=int, default=12)
     demo.add_argument("--k", type=int, default=4)
@@ -767,12 +774,6 @@ def _stack_args(p: argparse.ArgumentParser, default_dir: str | None = ".ppfs") -
         metavar="N",
         help=f"jobs run side by side, 1..{MPC_PORTS} (default {DEFAULT_CONCURRENT}); "
         "given to the gateway and every party",
-    )
-    p.add_argument(
-        "--engine",
-        choices=["mp-spdz", "mpyc"],
-        default=None,
-        help="engine for the demo job (default: mp-spdz when found, else mpyc)",
     )
 
 
