@@ -124,8 +124,17 @@ def test_failed_write_of_an_abort_names_the_disk(
     assert store.status("u9") == "aborted"  # its tombstone may be on disk: refused
 
 
+def _io_error(*args: object, **kwargs: object) -> None:
+    raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+@pytest.mark.parametrize(("fault", "status", "named"), [
+    (_full, 422, "Bob refused the upload: this party's disk is full"),
+    (_io_error, 502, "Bob failed the upload: this party could not write its files "
+                     "(input/output error)"),
+], ids=["disk full", "I/O error"])
 def test_full_party_disk_aborts_the_upload_everywhere_naming_the_party(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: Any, status: int, named: str
 ) -> None:
     from ppfs_client.sdk import ApiError
     from service_fakes import RealCluster, make_stack, owner_table
@@ -139,12 +148,12 @@ def test_full_party_disk_aborts_the_upload_everywhere_naming_the_party(
         ds = a.create_dataset("study")["id"]
         t = make_table(12, 3, seed=7)
         bob = cluster.servers[1].state.store
-        monkeypatch.setattr(bob, "_commit", _full)
+        monkeypatch.setattr(bob, "_commit", fault)
         with pytest.raises(ApiError) as err:
             a.upload_table(s.keys["owner-a"], owner_table(t), ds)
-        assert err.value.status == 422, err.value
+        assert err.value.status == status, err.value
         detail = err.value.detail
-        assert "Bob" in detail and "disk is full" in detail and "not added" in detail
+        assert named in detail and "not added" in detail and "did not answer" not in detail
         assert "Alice" not in detail and "Carol" not in detail
         assert a.get_dataset(ds)["rows"] == 0
         for i in range(3):  # no party keeps a part of it, staged or committed

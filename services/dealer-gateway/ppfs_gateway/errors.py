@@ -113,6 +113,13 @@ def is_storage_failure(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", 0) & 0xFF in _SQLITE_STORAGE
 
 
+class PartyFailed(PartyUnavailable):
+    """A party answered that it failed the call itself (its disk, say), naming why."""
+
+    title = "A computing party failed"
+    type_slug = "party-failed"
+
+
 class PartyRejected(GatewayError):
     status = 422
     title = "A computing party refused the request"

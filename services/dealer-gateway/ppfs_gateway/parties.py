@@ -21,12 +21,14 @@ from ppfs.engines.base import PARTY_NAMES
 from ppfs.v1 import party_pb2 as pb
 from ppfs.v1 import party_pb2_grpc as pb_grpc
 from ppfs_gateway.core.config import PartyEndpoint, Settings
-from ppfs_gateway.errors import NotFound, PartyRejected, PartyUnavailable
+from ppfs_gateway.errors import NotFound, PartyFailed, PartyRejected, PartyUnavailable
 
 log = logging.getLogger("ppfs.gateway")
 
 CHUNK = 1 << 20  # bytes of sealed data per PutUploadPart message
 _MAX_DETAIL = 200
+# what a party answers for an error it does not name (ppfs_party.errors.INTERNAL_MESSAGE)
+PARTY_INTERNAL = "Internal server error."
 
 _REJECTED = {
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -98,6 +100,9 @@ class PartyClient:
             return PartyRejected(f"{self.name} refused {what}: {detail}")
         if code == grpc.StatusCode.NOT_FOUND:
             return NotFound(f"{self.name}: {detail or 'not found'}")
+        if code == grpc.StatusCode.INTERNAL and detail and detail != PARTY_INTERNAL:
+            # it answered, naming its own failure (a write of its files): not a lost party
+            return PartyFailed(f"{self.name} failed {what}: {detail}")
         return PartyUnavailable(f"{self.name} did not answer {what} ({code.name.lower()})")
 
     async def ready(self, seconds: float) -> bool:
