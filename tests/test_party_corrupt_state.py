@@ -67,3 +67,57 @@ def test_party_init_on_a_damaged_record_is_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("ppfs party init: error:"), err
     assert "jobs/j1.json" in err and "restore it" in err and "Traceback" not in err
+
+
+def test_an_upload_whose_manifest_is_damaged_is_set_aside_for_its_repair(
+    tmp_path: Path,
+) -> None:
+    """Its directory is moved to ``damaged/`` (named in the log and the audit log), not
+    left under its id: the owner's repair then stores the part again."""
+    import asyncio
+    from collections.abc import AsyncIterator
+
+    import numpy as np
+    from nacl.public import PrivateKey
+    from nacl.signing import SigningKey
+    from party_harness import Owner, data_upload
+    from ppfs_party.audit import AuditLog
+    from ppfs_party.store import ShareStore, UploadHeader, register_owner
+
+    owner = Owner("owner-a", SigningKey.generate())
+    register_owner(tmp_path, owner.owner_id, bytes(owner.key.verify_key))
+    box = PrivateKey.generate()
+    others = [bytes(PrivateKey.generate().public_key) for _ in range(2)]
+    raw = np.random.default_rng(5).integers(-1000, 1000, size=(6, 3))  # test data
+    up = data_upload(owner, [bytes(box.public_key), *others], raw, ["a", "b", "c"],
+                     [0, 0, 0], dataset_id="ds", upload_id="u1",
+                     onehot=(np.arange(6) % 2).reshape(6, 1), label_column="y",
+                     classes=("0", "1"))
+    audit = AuditLog(tmp_path / "audit.log")
+
+    def store() -> ShareStore:
+        s = ShareStore(tmp_path, 0, box, audit, 1 << 20)
+        s.open()
+        return s
+
+    async def put_and_commit(s: ShareStore) -> None:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield up.parts[0]
+
+        await s.put(UploadHeader("ds", "u1", owner.owner_id, up.manifest, up.signature,
+                                 len(up.parts[0]), True), chunks())
+        await s.commit("ds", "u1")
+
+    asyncio.run(put_and_commit(store()))
+    manifest = tmp_path / "uploads" / "u1" / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:20])  # a disk fault
+
+    again = store()
+    assert again.status("u1") == "absent"
+    assert not (tmp_path / "uploads" / "u1").exists()
+    kept = list((tmp_path / "damaged").iterdir())
+    assert len(kept) == 1 and kept[0].name.startswith("uploads-u1-")
+    assert (kept[0] / "data.shr").is_file()  # for the operator, as it was
+    assert [e["event"] for e in audit.entries()][-1] == "upload.damaged"
+    asyncio.run(put_and_commit(again))  # the owner's repair
+    assert [u.manifest.upload_id for u in store().held_uploads("ds")] == ["u1"]

@@ -237,7 +237,7 @@ class ShareStore:
                     manifest = Manifest.from_bytes((d / "manifest.json").read_bytes())
                     kinds = frozenset(p.stem for p in d.glob("*.shr"))
                 except (OSError, UploadRejected):
-                    log.error("[Party.store] unreadable upload directory %s skipped", d.name)
+                    self._set_aside(d)
                     continue
                 if {d.name, manifest.upload_id} & self._aborted:
                     log.error("[Party.store] upload=%s is aborted: directory %s/%s not used",
@@ -246,6 +246,27 @@ class ShareStore:
                 index[manifest.upload_id] = StoredUpload(manifest, kinds, d, self._cache)
         for uid in set(self._staged) & set(self._uploads):  # a crash between the two renames
             shutil.rmtree(self._staged.pop(uid).directory, ignore_errors=True)
+
+    def _set_aside(self, d: Path) -> None:
+        """An upload directory whose manifest cannot be read (a disk fault): moved to
+        ``damaged/`` for the operator, so that its id is free for the owner's repair
+        (``ppfs datasets repair``; ``ppfs datasets check`` names it missing here)."""
+        damaged = self.state_dir / "damaged"
+        damaged.mkdir(exist_ok=True, mode=0o700)
+        kept = damaged / f"{d.parent.name}-{d.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            d.rename(kept)
+            fsync_dir(damaged)
+            fsync_dir(d.parent)
+        except OSError:
+            log.error("[Party.store] unreadable upload directory %s/%s not used",
+                      d.parent.name, d.name)
+            return
+        log.error("[Party.store] unreadable upload directory %s/%s moved to %s: not used; "
+                  "its owner restores it with `ppfs datasets repair`", d.parent.name, d.name,
+                  kept)
+        self.audit.record("upload.damaged", directory=f"{d.parent.name}/{d.name}"[:200],
+                          kept=kept.name)
 
     def owners(self) -> dict[str, bytes]:
         return load_owners(self.state_dir / "owners.json")
