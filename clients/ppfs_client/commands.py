@@ -634,10 +634,16 @@ def _result_fetch(args: argparse.Namespace) -> int:
         f"  {r:3d}. {c}" for r, c in enumerate(sel.columns, start=1)
     )
     if sel.model is not None:
-        obj["model"] = sel.model.to_json()
-        text += "\nmodel (logistic regression, original units):\n" + json.dumps(
-            obj["model"], indent=1
-        )
+        obj["model"] = model = sel.model.to_json()
+        # the selected columns' weights, best first: every other column weighs 0 (--json
+        # gives the whole model)
+        width = max(len(c) for c in sel.columns)
+        text += (f"\nmodel (logistic regression, original units; {model['epochs']} epochs, "
+                 f"batch {model['batch']}, lr {model['lr']}; the columns not selected "
+                 f"weigh 0):")
+        for row in model["models"]:
+            text += f"\n  {row['target']}: intercept {row['intercept']:.6g}"
+            text += "".join(f"\n    {c:<{width}}  {row['weights'][c]:.6g}" for c in sel.columns)
     _out(args, obj, text)
     return 0
 
