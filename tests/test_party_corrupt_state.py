@@ -121,3 +121,32 @@ def test_an_upload_whose_manifest_is_damaged_is_set_aside_for_its_repair(
     assert [e["event"] for e in audit.entries()][-1] == "upload.damaged"
     asyncio.run(put_and_commit(again))  # the owner's repair
     assert [u.manifest.upload_id for u in store().held_uploads("ds")] == ["u1"]
+
+
+def test_a_damaged_owners_registry_stops_the_start_and_is_not_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``owners.json`` truncated: the party does not start (it would refuse every upload
+    with an internal error), and ``add-owner`` does not write a new one over it (which
+    would drop every other owner's key): one line each, naming the file."""
+    state = tmp_path / "alice"
+    assert main(["party", "init", "--state-dir", str(state), "--index", "0"]) == 0
+    key = "ab" * 32
+    for owner in ("owner-a", "owner-b"):
+        assert main(["party", "add-owner", "--state-dir", str(state), "--owner-id", owner,
+                     "--public-key", key]) == 0
+    owners = state / "owners.json"
+    whole = owners.read_bytes()
+    owners.write_bytes(whole[: len(whole) // 2])
+    capsys.readouterr()
+    for argv in (["party", "init", "--state-dir", str(state), "--index", "0"],
+                 ["party", "add-owner", "--state-dir", str(state), "--owner-id", "owner-c",
+                  "--public-key", key]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "owners.json cannot be read" in err, err
+        assert "Traceback" not in err
+    assert owners.read_bytes() == whole[: len(whole) // 2]  # left for the operator
+    owners.write_bytes(whole)  # restored: both owners are back
+    assert main(["party", "init", "--state-dir", str(state), "--index", "0"]) == 0
+    assert set(json.loads(owners.read_text())) == {"owner-a", "owner-b"}

@@ -235,7 +235,11 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _add_owner(args: argparse.Namespace) -> int:
-    register_owner(args.state_dir, args.owner_id, bytes.fromhex(args.public_key))
+    try:
+        register_owner(args.state_dir, args.owner_id, bytes.fromhex(args.public_key))
+    except (PpfsError, ValueError, OSError) as exc:
+        print(f"ppfs party add-owner: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -64,6 +64,7 @@ from ppfs.upload import (
 from ppfs_party.audit import AuditLog
 from ppfs_party.config import DEFAULT_UPLOAD_TIMEOUT, MIN_UPLOAD_RATE
 from ppfs_party.errors import (
+    CorruptStateError,
     NotFoundError,
     TombstonesFullError,
     UploadDecisionError,
@@ -102,11 +103,22 @@ def check_job_id(value: str) -> str:
 
 
 def load_owners(path: Path) -> dict[str, bytes]:
-    """``owners.json``: {owner_id: Ed25519 public key, hex}."""
-    if not path.is_file():
+    """``owners.json``: {owner_id: Ed25519 public key, hex}. One that cannot be read
+    raises :class:`CorruptStateError` naming it (never taken as "no owners", nor
+    replaced by the next ``add-owner``)."""
+    try:
+        raw = json.loads(path.read_bytes())
+        if not isinstance(raw, dict):
+            raise ValueError("not an object")
+        return {str(k): bytes.fromhex(str(v)) for k, v in raw.items()}
+    except FileNotFoundError:
         return {}
-    raw = json.loads(path.read_text())
-    return {str(k): bytes.fromhex(str(v)) for k, v in raw.items()}
+    except (OSError, ValueError) as exc:
+        reason = (os.strerror(exc.errno).lower() if isinstance(exc, OSError) and exc.errno
+                  else "not a list of owners' keys: truncated or corrupted")
+        raise CorruptStateError(
+            f"{path} cannot be read ({reason}): restore it from a backup, or remove it and "
+            "register every data owner again (ppfs party add-owner)") from None
 
 
 def register_owner(state_dir: Path, owner_id: str, public_key: bytes) -> None:
@@ -223,6 +235,7 @@ class ShareStore:
             else:
                 self._aborted.add(p.name)
         self._abort_unsure = set()
+        self.owners()  # a registry of owners that cannot be read stops the start here
         for where, index in ((self.uploads_dir, self._uploads), (self.staged_dir, self._staged)):
             where.mkdir(parents=True, exist_ok=True, mode=0o700)
             for d in where.iterdir():
