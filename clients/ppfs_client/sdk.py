@@ -276,6 +276,15 @@ class GatewayClient:
     def close(self) -> None:
         self._http.close()
 
+    def _unreachable(self, exc: httpx.HTTPError) -> ApiError:
+        """The gateway did not answer: say where it was looked for (scheme, host and port
+        only: never a path, query or user part of the URL)."""
+        url = self._http.base_url
+        host = f"[{url.host}]" if ":" in url.host else url.host
+        where = f"{url.scheme}://{host}" + (f":{url.port}" if url.port else "")
+        return ApiError(0, "gateway unreachable",
+                        f"{type(exc).__name__} at {where} (PPFS_GATEWAY or --gateway)")
+
     def __enter__(self) -> GatewayClient:
         return self
 
@@ -293,7 +302,7 @@ class GatewayClient:
                                                headers=headers)
             resp = self._http.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise ApiError(0, "gateway unreachable", type(exc).__name__) from None
+            raise self._unreachable(exc) from None
         try:
             # an upload's body may take long to send; the answer itself must not
             deadline = (time.monotonic() if content is not None else start) + self._deadline
@@ -314,7 +323,7 @@ class GatewayClient:
                                    f"its answer to {what} took more than {self._deadline:g} s")
             return resp, bytes(got)
         except httpx.HTTPError as exc:
-            raise ApiError(0, "gateway unreachable", type(exc).__name__) from None
+            raise self._unreachable(exc) from None
         finally:
             resp.close()
 
@@ -451,7 +460,7 @@ class GatewayClient:
                     elif line.startswith("data:") and event == "end":
                         return
         except httpx.HTTPError as exc:
-            raise ApiError(0, "gateway unreachable", type(exc).__name__) from None
+            raise self._unreachable(exc) from None
 
     # -- what a data owner does ------------------------------------------------------
 
