@@ -281,11 +281,13 @@ def describe_job(
     recipient = mask.owner_id if recipient is None else recipient
     if consents is None:
         reveal = Reveal.MODEL if train is not None else Reveal.SELECTION
-        consents = [
+        # one per owner and data set, as the gateway relays them (a party refuses one
+        # relayed twice)
+        consents = list(dict.fromkeys(
             Consent(u.owner_id, Manifest.from_bytes(u.manifest).dataset_id, recipient,
                     recipient_public_key, reveal).sign(u.owner_key)
             for ups in datasets for u in ups if u.owner_key is not None
-        ]
+        ))
     job = JobContract(
         job_id=job_id, datasets=tuple(pinned), combination=comb, label_column=label, k=k,
         security=Security(security), engine=engine,

@@ -27,7 +27,7 @@ from party_harness import (
 from ppfs_party import state as party_state
 from ppfs_party.server import PartyServer, start_party_server
 
-from ppfs.contract import description_sha256, service_shape
+from ppfs.contract import Consent, Reveal, description_sha256, service_shape
 from ppfs.engines.mpyc_engine import MpycEngine
 from ppfs.fixedpoint import FixedPoint
 from ppfs.step2a import Security, Step2AShape
@@ -336,3 +336,58 @@ def test_jobs_started_at_once_compile_within_the_partys_slots(
             await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id=desc.job_id))
 
     _run(tmp_path, scenario)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def test_a_description_padded_with_what_no_check_reads_is_refused(tmp_path: Path) -> None:
+    """A job the party would accept, padded to megabytes with what none of its checks
+    reads: a field the contract does not have, consents of an owner no party knows, one
+    genuine consent relayed a thousand times. Each used to be accepted and kept in the
+    job's record, 14 MB on disk and in memory for a record of 3 kB, written again at
+    every change of the job; each is refused naming it, and nothing is kept."""
+
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        up, mask = _data(dep, box), _mask(dep, box)
+        await _stored_at_alice(stubs[0], up, mask)
+        desc = describe_job("j", [[up]], mask=mask, k=1, security="passive-3pc",
+                            engine="mpyc", peers=dep.peer_addresses(),
+                            recipient_public_key=bytes(dep.owners["owner-a"].box.public_key))
+        junk = b"\0" * (4 << 20)
+        unknown = party_pb2.JobDescription.FromString(
+            desc.SerializeToString() + _varint(999 << 3 | 2) + _varint(len(junk)) + junk)
+        unknown.job_id = "unknown"
+
+        def strangers(d: party_pb2.JobDescription) -> None:
+            c = Consent("stranger", "ds", "owner-a",
+                        bytes(dep.owners["owner-a"].box.public_key), Reveal.SELECTION)
+            d.consents.extend(party_pb2.OwnerConsent(statement=c.to_bytes(),
+                                                     signature=i.to_bytes(64, "big"))
+                              for i in range(10_000))
+
+        def repeated(d: party_pb2.JobDescription) -> None:
+            d.consents.extend([d.consents[0]] * 1_000)
+
+        for padded, text in (
+            (unknown, "fields the job contract does not state"),
+            (_changed(desc, "strangers", strangers),
+             "a consent of 'stranger', no data owner registered"),
+            (_changed(desc, "repeated", repeated), "a consent more than once"),
+        ):
+            assert padded.ByteSize() > 200_000
+            await _start_refused(stubs[0], padded, text)
+        await _start(stubs[0], _changed(desc, "good", lambda d: None))
+        await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id="good"))
+
+    dep = _run(tmp_path, scenario)
+    records = sorted((dep.settings[0].state_dir / "jobs").glob("*.json"))
+    assert [r.name for r in records] == ["good.json"]
+    assert records[0].stat().st_size < 64 << 10

@@ -70,6 +70,7 @@ import numpy as np
 
 from ppfs.contract import (
     STORED_CONTRACT_VERSIONS,
+    ConsentError,
     FailureKind,
     JobContract,
     JobState,
@@ -361,6 +362,12 @@ class JobRunner:
             raise JobConflictError(f"job {job_id!r} exists already on this party")
         self._check_size(desc)
         job = JobContract.from_proto(desc)  # ParameterError when incomplete or inconsistent
+        # the record keeps the description as sent: nothing in it that the contract does not
+        # state (unknown fields, megabytes of them, would be kept and rewritten with it)
+        if job.to_proto().SerializeToString(deterministic=True) != desc.SerializeToString(
+                deterministic=True):
+            raise ParameterError("the job description holds fields the job contract does "
+                                 "not state")
         security = job.security
         engine = self.engines.get(job.engine)
         if engine is None or not engine.supports(security):
@@ -386,6 +393,14 @@ class JobRunner:
         if mask.kinds != frozenset({"mask"}):
             raise ParameterError("the mask upload holds no mask words")
         owners = self.store.owners()
+        # every consent relayed is one this party can check, and relayed once: consents of
+        # owners it does not know would be kept with the job's record unread
+        if len(set(job.consents)) != len(job.consents):
+            raise ConsentError("the job carries a consent more than once")
+        for sc in job.consents:
+            if sc.consent.owner_id not in owners:
+                raise ConsentError(f"the job carries a consent of {sc.consent.owner_id!r}, "
+                                   "no data owner registered with this party")
         spent = check_consents(
             job,
             {ds.dataset_id: [u.manifest.owner_id for u in ups]
