@@ -239,11 +239,12 @@ def test_a_part_larger_than_its_manifest_says_is_refused_unread(tmp_path: Path) 
 def test_an_upload_stream_that_never_ends_is_refused_in_the_partys_time(
     tmp_path: Path,
 ) -> None:
-    """Half a genuine part and then silence, or empty chunks for ever: the party's stream
-    used to wait as long as the gateway kept the call open, holding the bytes and the
-    upload id (the genuine part was refused meanwhile as a replay). The party gives a
-    part its own time (``upload_timeout`` plus one second per 256 KiB), then refuses it
-    naming the time; nothing is kept and the id is free again."""
+    """No header at all, half a genuine part and then silence, or empty chunks for
+    ever: the party's stream used to wait as long as the gateway kept the call open,
+    holding the bytes and the upload id (the genuine part was refused meanwhile as a
+    replay). The party gives a header ``upload_timeout`` and a part its own time
+    (``upload_timeout`` plus one second per 256 KiB), then refuses the stream naming
+    the time; nothing is kept and the id is free again."""
 
     async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
                        box: list[bytes]) -> None:
@@ -263,6 +264,16 @@ def test_an_upload_stream_that_never_ends_is_refused_in_the_partys_time(
                 yield party_pb2.UploadPartChunk(chunk=b"")
                 await asyncio.sleep(0.01)
 
+        async def silent() -> AsyncIterator[party_pb2.UploadPartChunk]:
+            await asyncio.Event().wait()  # not even a header
+            yield messages[0]  # not reached
+
+        t0 = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stubs[0].PutUploadPart(silent(), timeout=10)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "no upload header arrived within 0.5 s" in (info.value.details() or "")
+        assert time.monotonic() - t0 < 3.0
         for stream, got in ((stalls, len(half)), (drips, 0)):
             t0 = time.monotonic()
             with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -274,6 +285,7 @@ def test_an_upload_stream_that_never_ends_is_refused_in_the_partys_time(
         await stubs[0].PutUploadPart(upload_messages(up, 0))  # the id was let go
 
     dep = _run(tmp_path, scenario, upload_timeout=0.5)
+    # the stream without a header never named an upload: nothing to audit of it
     assert [e["event"] for e in _audit(dep, 0)] == ["upload.rejected"] * 2 + ["upload.accepted"]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -13,7 +14,7 @@ from ppfs.contract import FailureKind, JobState
 from ppfs.errors import ParameterError
 from ppfs.upload import Manifest, UploadRejected
 from ppfs.v1 import party_pb2, party_pb2_grpc
-from ppfs_party.errors import to_status
+from ppfs_party.errors import UploadTimedOutError, to_status
 from ppfs_party.jobs import JobRecord
 from ppfs_party.metrics import PartyMetrics
 from ppfs_party.state import PartyState
@@ -90,7 +91,15 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> party_pb2.PutUploadPartResponse:
         try:
-            first = await anext(aiter(request_iterator), None)
+            # the header within the party's time: a stream that never sends one holds
+            # nothing for longer
+            timeout = self.state.settings.upload_timeout
+            try:
+                async with asyncio.timeout(timeout):
+                    first = await anext(aiter(request_iterator), None)
+            except TimeoutError:
+                raise UploadTimedOutError(
+                    f"no upload header arrived within {timeout:g} s") from None
             if first is None or first.WhichOneof("part") != "header":
                 raise ParameterError("an upload starts with its header")
             h = first.header
