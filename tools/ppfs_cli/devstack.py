@@ -498,15 +498,21 @@ class Stack:
         print(f"ppfs: {p.name} is running again", file=sys.stderr, flush=True)
 
     async def stop(self) -> None:
-        for _, proc in reversed(self.procs):
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-        for _, proc in reversed(self.procs):
-            try:
-                await asyncio.wait_for(proc.wait(), 15)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        """The gateway first, then the parties: a gateway that saw the parties stop
+        under a running job would record it as failed by whichever party reported first;
+        stopped first, it finds at its next start that every party was stopped."""
+        procs = list(reversed(self.procs))
+        first = [p for name, p in procs if name == "gateway"]
+        for group in (first, [p for name, p in procs if name != "gateway"]):
+            for proc in group:
+                if proc.returncode is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in group:
+                try:
+                    await asyncio.wait_for(proc.wait(), 15)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
         self.procs.clear()
 
 

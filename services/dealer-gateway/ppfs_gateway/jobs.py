@@ -632,6 +632,8 @@ class JobCoordinator:
             reason = failure_reason(c.name, st)
             if _symptom(st):
                 reason = await self._blame(job_id, c, reason)
+            elif FailureKind.from_proto(st.failure) is FailureKind.RESTARTED:
+                reason = await self._all_stopped(job_id, c, reason)
             await self._fail(job_id, reason)
         elif state == "cancelled":
             await self._fail(job_id, f"{c.name} cancelled the job")
@@ -666,6 +668,23 @@ class JobCoordinator:
             if time.monotonic() >= deadline or self._final(job_id):
                 return reason
             await asyncio.sleep(0.5)
+
+    async def _all_stopped(self, job_id: str, reporter: PartyClient, reason: str) -> str:
+        """A party that stopped (or restarted) while the job ran is named, unless every
+        party did: the whole deployment was stopped (`ppfs up` stopped, then started
+        again), which is nobody's failure."""
+        for other in self.parties.clients:
+            if other is reporter:
+                continue
+            try:
+                st = await other.get_job(job_id, timeout=min(2.0, self.rpc_seconds))
+            except GatewayError:
+                return reason
+            if st.state != pb.JOB_STATE_FAILED or \
+                    FailureKind.from_proto(st.failure) is not FailureKind.RESTARTED:
+                return reason
+        return ("the secure run stopped: every party was stopped while it ran (the "
+                "deployment was stopped or restarted; no party is blamed)")
 
     async def _fail(self, job_id: str, reason: str) -> None:
         if self.registry.set_job_state(job_id, "failed", reason):
