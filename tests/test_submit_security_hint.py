@@ -31,3 +31,14 @@ def test_a_security_setting_for_another_party_count_names_those_that_fit(stack: 
     detail = r.json()["detail"]
     assert "active-4pc needs 4 parties; this deployment has 3" in detail, detail
     assert "choose passive-3pc or active-3pc (--security)" in detail, detail
+
+
+def test_submit_help_says_which_security_fits_which_deployment(capsys: pytest.CaptureFixture[str]
+                                                               ) -> None:
+    from ppfs_cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["jobs", "submit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "security setting (default passive-3pc)" in text
+    assert "4 (with Dave) for active-4pc and passive-4pc" in text

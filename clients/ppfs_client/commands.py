@@ -156,6 +156,9 @@ def add_commands(sub: Any) -> None:
         "--security",
         choices=["passive-3pc", "active-3pc", "active-4pc", "passive-4pc"],
         default="passive-3pc",
+        help="security setting (default passive-3pc); it must fit the deployment's parties: "
+        "3 for passive-3pc and active-3pc, 4 (with Dave) for active-4pc and passive-4pc "
+        "(MPyC only)",
     )
     sj.add_argument(
         "--engine",
