@@ -6,6 +6,7 @@ the problem, with nothing stored and nothing held (real gRPC, port 0, MPyC, tiny
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -97,6 +98,30 @@ async def _start_refused(stub: Stub, desc: party_pb2.JobDescription, text: str,
     with pytest.raises(grpc.aio.AioRpcError) as gone:  # nothing kept of it
         await stub.GetJob(party_pb2.GetJobRequest(job_id=desc.job_id))
     assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def _refused_stream(stub: Stub, messages: AsyncIterator[party_pb2.UploadPartChunk]
+                          ) -> grpc.aio.AioRpcError:
+    """Write ``messages`` as a hostile gateway would, until the party ends the call (or
+    10 s pass); the party's status. Written one by one rather than from an iterator,
+    which the client library may still be writing from when the party has answered."""
+    call = stub.PutUploadPart(timeout=10)
+
+    async def write() -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            async for msg in messages:
+                await call.write(msg)
+            await call.done_writing()
+
+    writer = asyncio.create_task(write())
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+    return info.value
 
 
 async def _stored_at_alice(stub: Stub, *uploads: SealedUpload) -> None:
@@ -223,11 +248,10 @@ def test_a_part_larger_than_its_manifest_says_is_refused_unread(tmp_path: Path) 
                 sent += len(chunk)
                 yield party_pb2.UploadPartChunk(chunk=chunk)
 
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stubs[0].PutUploadPart(hostile())
+        refusal = await _refused_stream(stubs[0], hostile())
         assert sent < claimed // 4, f"{sent >> 20} MiB were taken"
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
-        assert f"announces {claimed} sealed bytes" in (info.value.details() or "")
+        assert refusal.code() == grpc.StatusCode.INVALID_ARGUMENT, refusal.details()
+        assert f"announces {claimed} sealed bytes" in (refusal.details() or "")
         listing = await stubs[0].ListUploads(party_pb2.ListUploadsRequest(dataset_id="ds"))
         assert not listing.uploads
         await stubs[0].PutUploadPart(upload_messages(up, 0))  # nothing was half-kept
@@ -269,18 +293,16 @@ def test_an_upload_stream_that_never_ends_is_refused_in_the_partys_time(
             yield messages[0]  # not reached
 
         t0 = time.monotonic()
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stubs[0].PutUploadPart(silent(), timeout=10)
-        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert "no upload header arrived within 0.5 s" in (info.value.details() or "")
+        refusal = await _refused_stream(stubs[0], silent())
+        assert refusal.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "no upload header arrived within 0.5 s" in (refusal.details() or "")
         assert time.monotonic() - t0 < 3.0
         for stream, got in ((stalls, len(half)), (drips, 0)):
             t0 = time.monotonic()
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stubs[0].PutUploadPart(stream(), timeout=10)
-            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            assert "the sealed part did not arrive within 1 s" in (info.value.details() or "")
-            assert f"({got} of {len(up.parts[0])} bytes)" in (info.value.details() or "")
+            refusal = await _refused_stream(stubs[0], stream())
+            assert refusal.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "the sealed part did not arrive within 1 s" in (refusal.details() or "")
+            assert f"({got} of {len(up.parts[0])} bytes)" in (refusal.details() or "")
             assert time.monotonic() - t0 < 3.0
         await stubs[0].PutUploadPart(upload_messages(up, 0))  # the id was let go
 
