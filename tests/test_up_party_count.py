@@ -29,6 +29,9 @@ def test_a_three_party_state_dir_is_not_started_with_four(tmp_path: Path) -> Non
         for pid in _gone(state, up.pid, 30):
             os.kill(pid, signal.SIGKILL)
     assert up.returncode == 0
+    said = up.stderr.read() if up.stderr else ""  # a Ctrl-C is seen to be taken
+    assert "ppfs: stopping the gateway, then the parties" in said, said
+    assert f"ppfs: stopped; the state stays in {state}" in said, said
     # (a process of its own: a stack that starts would otherwise run until stopped)
     done = subprocess.run(
         [sys.executable, "-m", "ppfs_cli", "up", "--parties", "4", "--port", "0",

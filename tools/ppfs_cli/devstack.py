@@ -562,7 +562,13 @@ async def _run_started(stack: Stack, args: argparse.Namespace, stop: asyncio.Eve
         print("Ctrl-C stops everything.", flush=True)
         return await stack.supervise(stop, retry)
     finally:
+        running = bool(stack.procs)
+        if running:  # said, so that a Ctrl-C is seen to be taken
+            print("ppfs: stopping the gateway, then the parties", file=sys.stderr, flush=True)
         await stack.stop()
+        if running:
+            print(f"ppfs: stopped; the state stays in {layout.root} (`ppfs up` starts it "
+                  "again)", file=sys.stderr, flush=True)
 
 
 async def run_demo(args: argparse.Namespace) -> int:
