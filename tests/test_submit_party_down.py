@@ -33,3 +33,28 @@ def test_submit_with_a_party_down_says_no_job_was_submitted(stack: Stack, capsys
     assert "no job was submitted: uploading its output masks failed: " in lines[-1], lines
     assert "Carol" in lines[-1]
     assert analyst.list_jobs() == []
+
+
+def test_check_with_a_party_down_says_unknown_not_inconsistent(stack: Stack,
+                                                               capsys: Any) -> None:
+    _, ids, _ = horizontal_setup(stack, m=20, p=4)
+    rc, out, err = run_cli(capsys, stack, "owner-a", "datasets", "check", ids[0])
+    assert rc == 0 and "every party holds exactly them" in out, (out, err)
+    stack.loop.run(stack.cluster.stop_party(2))
+    rc, out, err = run_cli(capsys, stack, "owner-a", "datasets", "check", ids[0])
+    head = out.splitlines()[0]
+    assert rc == 1, (out, err)
+    assert head.endswith("uploads recorded, UNKNOWN: Carol did not answer; every party that "
+                         "did holds exactly them"), head
+    assert "INCONSISTENT" not in out
+
+
+def test_check_with_a_lost_part_names_the_repair(stack: Stack, capsys: Any) -> None:
+    _, ids, _ = horizontal_setup(stack, m=20, p=4)
+    bob = stack.cluster.parties[1]
+    bob.uploads.pop(next(iter(bob.uploads)))  # Bob lost a part of owner-a's upload
+    rc, out, err = run_cli(capsys, stack, "owner-a", "datasets", "check", ids[0])
+    head = out.splitlines()[0]
+    assert rc == 1, (out, err)
+    assert head.endswith(f"INCONSISTENT (the owner of an upload a party lacks re-sends it: "
+                         f"`ppfs datasets repair {ids[0]}`)"), head

@@ -402,10 +402,17 @@ def _datasets_grant(args: argparse.Namespace) -> int:
 
 
 def _check_text(c: dict[str, Any]) -> str:
-    lines = [
-        f"data set {c['dataset_id']}: {len(c['recorded'])} uploads recorded, "
-        + ("every party holds exactly them" if c["consistent"] else "INCONSISTENT")
-    ]
+    silent = [p["name"] for p in c["parties"] if not p["reachable"]]
+    if c["consistent"]:
+        verdict = "every party holds exactly them"
+    elif silent and all(p["consistent"] for p in c["parties"] if p["reachable"]):
+        # nothing is known to be wrong: only that some party could not be asked
+        verdict = (f"UNKNOWN: {', '.join(silent)} did not answer; every party that did "
+                   "holds exactly them")
+    else:
+        verdict = ("INCONSISTENT (the owner of an upload a party lacks re-sends it: "
+                   f"`ppfs datasets repair {c['dataset_id']}`)")
+    lines = [f"data set {c['dataset_id']}: {len(c['recorded'])} uploads recorded, {verdict}"]
     for p in c["parties"]:
         if not p["reachable"]:
             lines.append(f"  {p['name']}: unreachable ({p['error']})")
