@@ -16,7 +16,7 @@ import datetime as dt
 import hashlib
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey, VerifyKey
 from ppfs_party.config import PartySettings
 from ppfs_party.keys import sign_party_requests
+from ppfs_party.server import PartyServer, start_party_server
 from ppfs_party.state import open_state
 from ppfs_party.store import register_owner
 
@@ -316,6 +317,37 @@ def upload_messages(
 
 
 # ---------------------------------------------------------------- recipient side
+
+
+Stub = party_pb2_grpc.PartyServiceStub
+# a test's body against running daemons: their servers, stubs and box public keys
+Scenario = Callable[["Deployment", list[PartyServer], list[Stub], list[bytes]], Awaitable[None]]
+
+
+def run_parties(tmp_path: Path, scenario: Scenario, owners: Sequence[str] = ("owner-a",),
+                **overrides: object) -> Deployment:
+    """Three MPyC party daemons over gRPC with mutual TLS, the given data owners
+    registered; ``scenario`` runs against them, then they stop. ``overrides`` go to
+    every party's settings."""
+    dep = Deployment.create(tmp_path, 3, engines=("mpyc",), **overrides)
+    for owner in owners:
+        dep.add_owner(owner)
+
+    async def main() -> None:
+        servers = [await start_party_server(s) for s in dep.settings]
+        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+        try:
+            stubs = [Stub(c) for c in channels]
+            box = [i.box_public_key for i in await identities(stubs)]
+            await scenario(dep, servers, stubs, box)
+        finally:
+            for c in channels:
+                await c.close()
+            for srv in servers:
+                await srv.stop(0)
+
+    asyncio.run(main())
+    return dep
 
 
 async def identities(stubs: Sequence[party_pb2_grpc.PartyServiceStub]

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
@@ -19,22 +19,22 @@ from party_harness import (
     Deployment,
     EngineWrapper,
     SealedUpload,
+    Stub,
     data_upload,
     describe_job,
-    identities,
     mask_upload,
+    run_parties,
     upload_messages,
 )
 from ppfs_party import state as party_state
-from ppfs_party.server import PartyServer, start_party_server
+from ppfs_party.server import PartyServer
 
 from ppfs.contract import Consent, Reveal, description_sha256, service_shape
 from ppfs.engines.mpyc_engine import MpycEngine
 from ppfs.fixedpoint import FixedPoint
 from ppfs.step2a import Security, Step2AShape
-from ppfs.v1 import party_pb2, party_pb2_grpc
+from ppfs.v1 import party_pb2
 
-Stub = party_pb2_grpc.PartyServiceStub
 ROWS, COLS = 6, ("a", "b", "c")
 
 
@@ -53,28 +53,6 @@ def _mask(dep: Deployment, box: list[bytes], upload_id: str = "m1", k: int = 1
                        dataset_id="m", upload_id=upload_id)
 
 
-Scenario = Callable[[Deployment, list[PartyServer], list[Stub], list[bytes]], Awaitable[None]]
-
-
-def _run(tmp_path: Path, scenario: Scenario, **overrides: object) -> Deployment:
-    dep = Deployment.create(tmp_path, 3, engines=("mpyc",), **overrides)
-    dep.add_owner("owner-a")
-
-    async def main() -> None:
-        servers = [await start_party_server(s) for s in dep.settings]
-        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
-        try:
-            stubs = [Stub(c) for c in channels]
-            box = [i.box_public_key for i in await identities(stubs)]
-            await scenario(dep, servers, stubs, box)
-        finally:
-            for c in channels:
-                await c.close()
-            for srv in servers:
-                await srv.stop(0)
-
-    asyncio.run(main())
-    return dep
 
 
 def _audit(dep: Deployment, party: int) -> list[dict[str, object]]:
@@ -173,7 +151,7 @@ def test_garbage_in_a_job_description_is_refused_naming_it(tmp_path: Path) -> No
         assert started.job_id == "good"
         await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id="good"))
 
-    dep = _run(tmp_path, scenario)
+    dep = run_parties(tmp_path, scenario)
     refused = [e for e in _audit(dep, 0) if e["event"] == "job.refused"]
     assert len(refused) == 6 and all(e["failure"] == "refused" for e in refused)
 
@@ -223,7 +201,7 @@ def test_a_description_as_large_as_a_message_is_refused_at_once(tmp_path: Path) 
         assert (await _start(stubs[0], _changed(desc, "good", lambda d: None))).job_id == "good"
         await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id="good"))
 
-    _run(tmp_path, scenario)
+    run_parties(tmp_path, scenario)
 
 
 def test_a_part_larger_than_its_manifest_says_is_refused_unread(tmp_path: Path) -> None:
@@ -256,7 +234,7 @@ def test_a_part_larger_than_its_manifest_says_is_refused_unread(tmp_path: Path) 
         assert not listing.uploads
         await stubs[0].PutUploadPart(upload_messages(up, 0))  # nothing was half-kept
 
-    dep = _run(tmp_path, scenario)
+    dep = run_parties(tmp_path, scenario)
     assert [e["event"] for e in _audit(dep, 0)] == ["upload.rejected", "upload.accepted"]
 
 
@@ -306,7 +284,7 @@ def test_an_upload_stream_that_never_ends_is_refused_in_the_partys_time(
             assert time.monotonic() - t0 < 3.0
         await stubs[0].PutUploadPart(upload_messages(up, 0))  # the id was let go
 
-    dep = _run(tmp_path, scenario, upload_timeout=0.5)
+    dep = run_parties(tmp_path, scenario, upload_timeout=0.5)
     # the stream without a header never named an upload: nothing to audit of it
     assert [e["event"] for e in _audit(dep, 0)] == ["upload.rejected"] * 2 + ["upload.accepted"]
 
@@ -369,7 +347,7 @@ def test_jobs_started_at_once_compile_within_the_partys_slots(
         for desc in descs:
             await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id=desc.job_id))
 
-    _run(tmp_path, scenario)
+    run_parties(tmp_path, scenario)
 
 
 def _varint(n: int) -> bytes:
@@ -421,7 +399,7 @@ def test_a_description_padded_with_what_no_check_reads_is_refused(tmp_path: Path
         await _start(stubs[0], _changed(desc, "good", lambda d: None))
         await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id="good"))
 
-    dep = _run(tmp_path, scenario)
+    dep = run_parties(tmp_path, scenario)
     records = sorted((dep.settings[0].state_dir / "jobs").glob("*.json"))
     assert [r.name for r in records] == ["good.json"]
     assert records[0].stat().st_size < 64 << 10

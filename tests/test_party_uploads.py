@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +16,13 @@ from nacl.signing import SigningKey
 from party_harness import (
     Deployment,
     Owner,
+    Scenario,
     SealedUpload,
+    Stub,
     data_upload,
     describe_job,
-    identities,
     mask_upload,
+    run_parties,
     start_requests,
     upload_messages,
 )
@@ -28,9 +30,8 @@ from ppfs_party.server import PartyServer, start_party_server
 
 from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.upload import pack_bundles, seal
-from ppfs.v1 import party_pb2, party_pb2_grpc
+from ppfs.v1 import party_pb2
 
-Stub = party_pb2_grpc.PartyServiceStub
 COLS = ["a", "b", "c"]
 
 
@@ -49,29 +50,8 @@ def _upload(owner: Owner, box: list[bytes], upload_id: str, dataset_id: str = "d
                        classes=("0", "1"))
 
 
-Scenario = Callable[[Deployment, list[PartyServer], list[Stub], list[bytes]], Awaitable[None]]
-
-
 def _run(tmp_path: Path, scenario: Scenario, **overrides: object) -> Deployment:
-    dep = Deployment.create(tmp_path, 3, engines=("mpyc",), **overrides)
-    dep.add_owner("owner-a")
-    dep.add_owner("owner-b")
-
-    async def main() -> None:
-        servers = [await start_party_server(s) for s in dep.settings]
-        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
-        try:
-            stubs = [Stub(c) for c in channels]
-            box = [i.box_public_key for i in await identities(stubs)]
-            await scenario(dep, servers, stubs, box)
-        finally:
-            for c in channels:
-                await c.close()
-            for srv in servers:
-                await srv.stop(0)
-
-    asyncio.run(main())
-    return dep
+    return run_parties(tmp_path, scenario, ("owner-a", "owner-b"), **overrides)
 
 
 async def _refused(stub: Stub, messages: object, code: grpc.StatusCode, text: str) -> None:
