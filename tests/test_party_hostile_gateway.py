@@ -107,6 +107,17 @@ async def _stored_at_alice(stub: Stub, *uploads: SealedUpload) -> None:
         await stub.PutUploadPart(upload_messages(up, 0))
 
 
+async def _job_held_at_alice(dep: Deployment, stubs: list[Stub], box: list[bytes]
+                             ) -> party_pb2.JobDescription:
+    """A genuine job ("j", k 1, passive 3PC on MPyC) whose data and mask uploads Alice
+    holds."""
+    up, mask = _data(dep, box), _mask(dep, box)
+    await _stored_at_alice(stubs[0], up, mask)
+    return describe_job("j", [[up]], mask=mask, k=1, security="passive-3pc", engine="mpyc",
+                        peers=dep.peer_addresses(),
+                        recipient_public_key=bytes(dep.owners["owner-a"].box.public_key))
+
+
 def _changed(desc: party_pb2.JobDescription, job_id: str,
              change: Callable[[party_pb2.JobDescription], None]) -> party_pb2.JobDescription:
     out = party_pb2.JobDescription()
@@ -125,11 +136,7 @@ def test_garbage_in_a_job_description_is_refused_naming_it(tmp_path: Path) -> No
 
     async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
                        box: list[bytes]) -> None:
-        up, mask = _data(dep, box), _mask(dep, box)
-        await _stored_at_alice(stubs[0], up, mask)
-        desc = describe_job("j", [[up]], mask=mask, k=1, security="passive-3pc",
-                            engine="mpyc", peers=dep.peer_addresses(),
-                            recipient_public_key=bytes(dep.owners["owner-a"].box.public_key))
+        desc = await _job_held_at_alice(dep, stubs, box)
         own = dep.settings[0].mpc_port_base
         cases: list[tuple[Callable[[party_pb2.JobDescription], None], str]] = [
             (lambda d: setattr(d, "combination", 99), "unknown combination 99"),
@@ -165,11 +172,7 @@ def test_a_description_as_large_as_a_message_is_refused_at_once(tmp_path: Path) 
 
     async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
                        box: list[bytes]) -> None:
-        up, mask = _data(dep, box), _mask(dep, box)
-        await _stored_at_alice(stubs[0], up, mask)
-        desc = describe_job("j", [[up]], mask=mask, k=1, security="passive-3pc",
-                            engine="mpyc", peers=dep.peer_addresses(),
-                            recipient_public_key=bytes(dep.owners["owner-a"].box.public_key))
+        desc = await _job_held_at_alice(dep, stubs, box)
 
         def repeat_pin(d: party_pb2.JobDescription) -> None:
             d.datasets[0].uploads.extend([d.datasets[0].uploads[0]] * 29_999)
@@ -368,11 +371,7 @@ def test_a_description_padded_with_what_no_check_reads_is_refused(tmp_path: Path
 
     async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
                        box: list[bytes]) -> None:
-        up, mask = _data(dep, box), _mask(dep, box)
-        await _stored_at_alice(stubs[0], up, mask)
-        desc = describe_job("j", [[up]], mask=mask, k=1, security="passive-3pc",
-                            engine="mpyc", peers=dep.peer_addresses(),
-                            recipient_public_key=bytes(dep.owners["owner-a"].box.public_key))
+        desc = await _job_held_at_alice(dep, stubs, box)
         junk = b"\0" * (4 << 20)
         unknown = party_pb2.JobDescription.FromString(
             desc.SerializeToString() + _varint(999 << 3 | 2) + _varint(len(junk)) + junk)
