@@ -13,7 +13,6 @@ import errno
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +82,6 @@ def test_a_full_disk_is_named_and_the_registry_works_again(tmp_path: Path, where
     again = Registry(tmp_path / "registry.sqlite3")  # and a restart finds it so
     assert again.get_dataset("d2") is not None and again.get_dataset("d1") is None
     again.close()
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path)
-    yield s
-    s.close()
 
 
 def _registry(s: Stack) -> Registry:

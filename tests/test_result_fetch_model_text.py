@@ -5,19 +5,10 @@ with weight 0; `--json` still gives the whole model."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from service_fakes import Stack, horizontal_setup, make_stack, run_cli, wait_final
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path)
-    yield s
-    s.close()
+from service_fakes import Stack, horizontal_setup, run_cli, wait_final
 
 
 def test_model_text_names_the_selected_columns_only(stack: Stack, capsys: Any) -> None:

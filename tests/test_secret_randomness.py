@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ppfs_cli.main import main
-from service_fakes import Stack, horizontal_setup, make_stack
+from service_fakes import Stack, horizontal_setup
 
 from ppfs import oracle
 from ppfs.step2a import Step2AShape, mirror
@@ -72,13 +72,6 @@ def no_numpy_random(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
                 ), f"{mod_name}.{attr}"
                 assert type(value).__name__ != "Generator", f"{mod_name}.{attr}"
     yield attempts
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path)
-    yield s
-    s.close()
 
 
 def test_patch_refuses_unseeded_and_legacy_use(no_numpy_random: list[str]) -> None:

@@ -4,19 +4,9 @@ asked for."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-from service_fakes import Stack, horizontal_setup, make_stack, run_cli
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path)
-    yield s
-    s.close()
+from service_fakes import Stack, horizontal_setup, run_cli
 
 
 def test_submit_with_a_party_down_says_no_job_was_submitted(stack: Stack, capsys: Any) -> None:
