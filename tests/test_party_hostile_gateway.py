@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 
 import grpc
@@ -402,3 +402,157 @@ def test_a_description_padded_with_what_no_check_reads_is_refused(tmp_path: Path
     records = sorted((dep.settings[0].state_dir / "jobs").glob("*.json"))
     assert [r.name for r in records] == ["good.json"]
     assert records[0].stat().st_size < 64 << 10
+
+
+async def _aiter(messages: Iterable[party_pb2.UploadPartChunk]
+                 ) -> AsyncIterator[party_pb2.UploadPartChunk]:
+    for msg in messages:
+        yield msg
+
+
+async def _until_code(attempt: Callable[[], Awaitable[grpc.StatusCode]],
+                      code: grpc.StatusCode, seconds: float = 20.0) -> None:
+    """Repeat ``attempt`` until it gives ``code`` (calls just opened may not have
+    reached the party's handler yet)."""
+    deadline = time.monotonic() + seconds
+    while (got := await attempt()) != code:
+        assert time.monotonic() < deadline, f"still {got.name}, not {code.name}"
+        await asyncio.sleep(0.05)
+
+
+def test_upload_streams_held_open_are_bounded(tmp_path: Path) -> None:
+    """A turned gateway opens upload streams and sends nothing on them. Each ends within
+    the party's time (--upload-timeout), but within that time it could open any number:
+    beyond --max-open-uploads the party refuses one more, naming the limit, and admits
+    again as soon as one has ended."""
+    details: list[str] = []
+
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        async def one_more() -> grpc.StatusCode:
+            # a chunk before any header: refused INVALID_ARGUMENT once admitted
+            err = await _refused_stream(stubs[0], _aiter(
+                [party_pb2.UploadPartChunk(chunk=b"x")]))
+            details.append(err.details() or "")
+            return err.code()
+
+        await _until_code(one_more, grpc.StatusCode.INVALID_ARGUMENT)  # admitted: room
+        held = [stubs[0].PutUploadPart() for _ in range(2)]
+        try:
+            await _until_code(one_more, grpc.StatusCode.RESOURCE_EXHAUSTED)
+            held.pop().cancel()
+            await _until_code(one_more, grpc.StatusCode.INVALID_ARGUMENT)
+            # the party still answers everything else while streams are held
+            await stubs[0].GetIdentity(party_pb2.GetIdentityRequest(), timeout=10)
+        finally:
+            for call in held:
+                call.cancel()
+
+    run_parties(tmp_path, scenario, max_open_uploads=2)
+    assert any("2 upload parts open already" in d and "--max-open-uploads" in d
+               for d in details), details
+
+
+def test_watchers_of_one_job_are_bounded(tmp_path: Path) -> None:
+    """A turned gateway opens WatchJob streams on a genuine job, which stay open for as
+    long as the job runs: beyond a few per job the party refuses one more, naming the
+    limit; polling still answers, and a watcher is admitted again when one has ended."""
+
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        from ppfs_party.servicer import WATCHERS_PER_JOB
+
+        desc = await _job_held_at_alice(dep, stubs, box)
+        await _start(stubs[0], desc)  # at Alice only: it waits for its peers
+        watchers = []
+        try:
+            for _ in range(WATCHERS_PER_JOB):
+                call = stubs[0].WatchJob(party_pb2.WatchJobRequest(job_id="j"))
+                await asyncio.wait_for(anext(aiter(call)), 10)  # inside the handler
+                watchers.append(call)
+            extra = stubs[0].WatchJob(party_pb2.WatchJobRequest(job_id="j"))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await asyncio.wait_for(anext(aiter(extra)), 10)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"{WATCHERS_PER_JOB} watchers" in (info.value.details() or "")
+            status = await stubs[0].GetJob(party_pb2.GetJobRequest(job_id="j"), timeout=10)
+            assert status.job_id == "j"
+            watchers.pop().cancel()
+
+            async def again() -> grpc.StatusCode:
+                call = stubs[0].WatchJob(party_pb2.WatchJobRequest(job_id="j"))
+                try:
+                    await asyncio.wait_for(anext(aiter(call)), 10)
+                except grpc.aio.AioRpcError as exc:
+                    return exc.code()
+                watchers.append(call)
+                return grpc.StatusCode.OK
+
+            await _until_code(again, grpc.StatusCode.OK)
+        finally:
+            for call in watchers:
+                call.cancel()
+            await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id="j"))
+
+    run_parties(tmp_path, scenario)
+
+
+def test_a_flood_of_refusals_grows_the_audit_log_by_a_bounded_number_of_lines(
+        tmp_path: Path) -> None:
+    """Every refused start is a line of the audit log, synced: a turned gateway sending
+    one refused job after another would grow it without bound. A burst of them is
+    written, the rest counted: the next line of the event and a line at stop say how
+    many were left out, so that the log still accounts for every one."""
+    from ppfs_party.audit import REFUSAL_BURST
+
+    floods = REFUSAL_BURST + 70
+
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        desc = await _job_held_at_alice(dep, stubs, box)
+        for n in range(floods):
+            await _start_refused(stubs[0], _changed(desc, f"bad{n}",
+                                                    lambda d: setattr(d, "frac_bits", 1000)),
+                                 "fractional bits")
+        # an accepted job is always written
+        await _start(stubs[0], _changed(desc, "good", lambda d: None))
+        await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id="good"))
+
+    dep = run_parties(tmp_path, scenario)
+    audit = _audit(dep, 0)
+    refused = [e for e in audit if e["event"] == "job.refused"]
+    assert len(refused) <= REFUSAL_BURST + 2  # a line or two may refill while it runs
+    assert [e["job_id"] for e in audit if e["event"] == "job.accepted"] == ["good"]
+    left_out = [e for e in audit if e["event"] == "audit.left_out"]
+    assert len(left_out) == 1 and audit[-1] is left_out[0]
+    counted = left_out[0]["events"]["job.refused"]  # type: ignore[index]
+    assert len(refused) + counted + sum(int(e.get("left_out", 0))  # type: ignore[call-overload]
+                                        for e in refused) == floods
+
+
+def test_refusal_lines_refill_and_carry_the_count_left_out(tmp_path: Path) -> None:
+    """The audit log's own rule, on a clock the test moves: each refusal event has its
+    own allowance, refilled over time; the first line written after some were left out
+    says how many; accepted events are never left out."""
+    from ppfs_party.audit import REFUSAL_BURST, REFUSAL_REFILL_SECONDS, AuditLog
+
+    now = [1000.0]
+    log = AuditLog(tmp_path / "audit.log", clock=lambda: now[0])
+    for i in range(REFUSAL_BURST + 30):
+        log.record("upload.rejected", upload_id=f"u{i}")
+        log.record("job.accepted", job_id=f"j{i}")
+    log.record("call.refused", method="StartJob")  # another event: its own allowance
+    now[0] += 3 * REFUSAL_REFILL_SECONDS
+    for i in range(5):
+        log.record("upload.rejected", upload_id=f"late{i}")
+    log.flush_left_out()
+    log.flush_left_out()  # nothing more to say: no second line
+    entries = log.entries()
+    rejected = [e for e in entries if e["event"] == "upload.rejected"]
+    assert len(rejected) == REFUSAL_BURST + 3
+    assert [e.get("left_out") for e in rejected[REFUSAL_BURST:]] == [30, None, None]
+    assert [e["upload_id"] for e in rejected[REFUSAL_BURST:]] == ["late0", "late1", "late2"]
+    assert sum(e["event"] == "job.accepted" for e in entries) == REFUSAL_BURST + 30
+    assert sum(e["event"] == "call.refused" for e in entries) == 1
+    assert [e["events"] for e in entries if e["event"] == "audit.left_out"] == [
+        {"upload.rejected": 2}]

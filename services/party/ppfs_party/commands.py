@@ -38,6 +38,7 @@ from ppfs.pki import (
 )
 from ppfs_party.config import (
     DEFAULT_BUNDLE_CACHE,
+    DEFAULT_MAX_OPEN_UPLOADS,
     DEFAULT_MAX_UPLOAD,
     DEFAULT_UPLOAD_TIMEOUT,
     MIN_UPLOAD_RATE,
@@ -85,6 +86,11 @@ def add_commands(subparsers: Any) -> None:
                        help="refuse an upload part not received within SECONDS plus one "
                             f"second per {MIN_UPLOAD_RATE >> 10} KiB of it (default "
                             f"{DEFAULT_UPLOAD_TIMEOUT:g})")
+    serve.add_argument("--max-open-uploads", type=int, default=DEFAULT_MAX_OPEN_UPLOADS,
+                       metavar="N",
+                       help="upload parts received at once (one per owner uploading); "
+                            f"one more is refused until one ends (default "
+                            f"{DEFAULT_MAX_OPEN_UPLOADS})")
     serve.add_argument("--bundle-cache-mib", type=int, default=DEFAULT_BUNDLE_CACHE >> 20,
                        metavar="MIB",
                        help="keep loaded upload shares in memory for the next job, up to "
@@ -197,6 +203,7 @@ def _settings(args: argparse.Namespace) -> PartySettings:
             max_concurrent_jobs=args.max_concurrent_jobs,
             mpc_bind_host=args.mpc_bind_host, max_upload_bytes=args.max_upload_bytes,
             upload_timeout=args.upload_timeout,
+            max_open_uploads=args.max_open_uploads,
             bundle_cache_bytes=args.bundle_cache_mib << 20,
             job_timeout=args.job_timeout, port_file=args.port_file,
             mpspdz_cache=args.mpspdz_cache, metrics_listen=args.metrics_listen,

@@ -15,6 +15,9 @@ DEFAULT_BUNDLE_CACHE = 256 << 20  # a SPEED-sized upload's data is 16 MiB per pa
 # a part must arrive within this many seconds, plus one second per MIN_UPLOAD_RATE bytes
 DEFAULT_UPLOAD_TIMEOUT = 60.0
 MIN_UPLOAD_RATE = 256 << 10  # bytes per second: 1 GiB in 68 minutes
+# upload streams open at once: the gateway sends each owner's part to every party in one
+# stream, so this is how many owners may be uploading at one time
+DEFAULT_MAX_OPEN_UPLOADS = 64
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class PartySettings:
     port_file: Path | None = None  # write the bound control-plane port here (port 0)
     metrics_listen: str | None = None  # Prometheus /metrics, plain HTTP, internal; None: off
     max_concurrent_jobs: int = 1  # engine runs at once; later jobs wait queued for a slot
+    # upload part streams open at once; one more is refused until one ends
+    max_open_uploads: int = DEFAULT_MAX_OPEN_UPLOADS
     # where this party dials some peers' engines instead of the job's addresses (relays)
     mpc_dial: tuple[MpcDial, ...] = ()
 
@@ -129,6 +134,8 @@ class PartySettings:
             raise ParameterError("max_concurrent_jobs must be 1..64")
         if self.max_upload_bytes < 1:
             raise ParameterError("max_upload_bytes must be positive")
+        if not 1 <= self.max_open_uploads <= 10_000:
+            raise ParameterError("max_open_uploads must be 1..10000")
         if not 0 < self.upload_timeout <= 86_400:
             raise ParameterError("upload_timeout must be more than 0 and at most a day")
         if self.bundle_cache_bytes < 0:

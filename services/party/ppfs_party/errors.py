@@ -50,6 +50,11 @@ class UploadTimedOutError(UploadRejected):
     """The sealed part did not arrive within the party's time for its size."""
 
 
+class TooManyOpenCallsError(PartyError):
+    """A stream this party holds a bounded number of at once (upload parts, watchers of
+    one job) would go past that number."""
+
+
 class TombstonesFullError(PartyError):
     """An id this party never saw would be remembered (cancelled or aborted) beyond the
     number it keeps."""
@@ -125,6 +130,7 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     UploadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     UploadTimedOutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     TombstonesFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    TooManyOpenCallsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     DiskFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     # a failed write is this party's own fault: INTERNAL, but with the message naming it
     StorageError: grpc.StatusCode.INTERNAL,

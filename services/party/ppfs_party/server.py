@@ -68,6 +68,11 @@ class PartyServer:
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.state.jobs.shutdown()
         await self.server.stop(grace)
+        try:
+            await asyncio.to_thread(self.state.audit.flush_left_out)
+        except OSError as exc:  # a full disk at stop: the count is in the metrics only
+            log.warning("[Party.server] could not write the audit count of refusals "
+                        "left out: %s", exc.strerror or type(exc).__name__)
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
         log.info("[Party.server] %s stopped", self.state.settings.name)

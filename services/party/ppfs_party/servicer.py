@@ -14,7 +14,7 @@ from ppfs.contract import FailureKind, JobState
 from ppfs.errors import ParameterError
 from ppfs.upload import Manifest, UploadRejected
 from ppfs.v1 import party_pb2, party_pb2_grpc
-from ppfs_party.errors import UploadTimedOutError, to_status
+from ppfs_party.errors import TooManyOpenCallsError, UploadTimedOutError, to_status
 from ppfs_party.jobs import JobRecord
 from ppfs_party.metrics import PartyMetrics
 from ppfs_party.state import PartyState
@@ -23,6 +23,10 @@ from ppfs_party.store import UploadHeader
 log = logging.getLogger("ppfs.party")
 
 R = TypeVar("R")
+
+# WatchJob streams open at once on one job: the gateway holds one per job and opens the
+# next only after one ended, so a few cover a stream it has not yet seen end
+WATCHERS_PER_JOB = 4
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], method: str,
@@ -80,6 +84,10 @@ def job_status(rec: JobRecord) -> party_pb2.JobStatus:
 class PartyServicer(party_pb2_grpc.PartyServiceServicer):
     def __init__(self, state: PartyState) -> None:
         self.state = state
+        # the streams a caller could otherwise hold open without bound: each holds a
+        # task, a socket and (uploads) a spool file until it ends
+        self._open_uploads = 0
+        self._watchers: dict[str, int] = {}
 
     @_unary
     async def GetIdentity(self, request: party_pb2.GetIdentityRequest,
@@ -87,6 +95,21 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
         return self.state.identity()
 
     async def PutUploadPart(
+        self, request_iterator: AsyncIterator[party_pb2.UploadPartChunk],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> party_pb2.PutUploadPartResponse:
+        limit = self.state.settings.max_open_uploads
+        if self._open_uploads >= limit:
+            await _abort(context, "PutUploadPart", TooManyOpenCallsError(
+                f"this party has {limit} upload parts open already, its limit "
+                "(--max-open-uploads); try again when one has ended"), self.state.metrics)
+        self._open_uploads += 1
+        try:
+            return await self._put_upload_part(request_iterator, context)
+        finally:
+            self._open_uploads -= 1
+
+    async def _put_upload_part(
         self, request_iterator: AsyncIterator[party_pb2.UploadPartChunk],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> party_pb2.PutUploadPartResponse:
@@ -180,11 +203,25 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
     async def WatchJob(self, request: party_pb2.WatchJobRequest,
                        context: grpc.aio.ServicerContext[Any, Any]
                        ) -> AsyncIterator[party_pb2.JobEvent]:
+        job_id = request.job_id
+        open_now = self._watchers.get(job_id, 0)
+        if open_now >= WATCHERS_PER_JOB:
+            await _abort(context, "WatchJob", TooManyOpenCallsError(
+                f"job {job_id[:64]!r} has {WATCHERS_PER_JOB} watchers at this party "
+                "already, the most it allows; poll it (GetJob) or watch again when one "
+                "has ended"), self.state.metrics)
+        self._watchers[job_id] = open_now + 1
         try:
-            async for rec in self.state.jobs.watch(request.job_id):
+            async for rec in self.state.jobs.watch(job_id):
                 yield party_pb2.JobEvent(status=job_status(rec))
         except Exception as exc:
             await _abort(context, "WatchJob", exc, self.state.metrics)
+        finally:
+            left = self._watchers[job_id] - 1
+            if left:
+                self._watchers[job_id] = left
+            else:
+                del self._watchers[job_id]
 
     @_unary
     async def FetchResultPart(self, request: party_pb2.FetchResultPartRequest,
