@@ -62,6 +62,12 @@ def add_commands(sub: Any) -> None:
     up.add_argument(
         "--schema-from", metavar="DATASET_ID", help="encode with this data set's column scales"
     )
+    up.add_argument(
+        "--again", action="store_true",
+        help="add these rows even though this key file already sent the same rows into the "
+        "data set (--into): without it that upload is refused, since every row would count "
+        "twice",
+    )
     _conn_args(up)
     up.set_defaults(func=_upload)
 
@@ -324,10 +330,13 @@ def _upload(args: argparse.Namespace) -> int:
             fp.encode(table.x, np.asarray(exps, dtype=np.int64), table.columns)
         except InputDataError as exc:
             raise InputDataError(f"{args.data}: {exc}") from None
-        dataset_id = args.into or client.create_dataset(args.dataset)["id"]
+        # a name this owner already has is refused before the data set is created
+        dataset_id = args.into or client.new_dataset(keys, args.dataset)["id"]
         with _UploadBar(enabled=sys.stderr.isatty() and not args.json) as bar:
+            # the same rows sent twice into the data set: refused before anything is sent
             ds = client.upload_table(keys, table, dataset_id, exponents=exponents,
-                                     deployment=dep, progress=bar)
+                                     deployment=dep, progress=bar, again=args.again,
+                                     source=str(args.data))
     _out(
         args,
         ds,

@@ -51,7 +51,14 @@ from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.step2a import draw_mask_words, unmask_all
 from ppfs.upload import SIGNED_AT_FORMAT, Manifest, pack_bundles, seal, sign_manifest
 from ppfs_client.keys import ClientKeys
-from ppfs_client.sent import load_sent, save_sent
+from ppfs_client.sent import RepeatedUpload as RepeatedUpload  # an owner's refusal
+from ppfs_client.sent import (
+    earlier_uploads,
+    load_sent,
+    repeat_refused,
+    save_sent,
+    table_digest,
+)
 
 MASK_COLUMNS = ("mask_w0", "mask_w1")
 Progress = Callable[[int, int], None]  # (bytes sent, total)
@@ -79,6 +86,10 @@ class ApiError(PpfsError):
         self.status = status
         self.title = title
         self.detail = detail
+
+
+class DatasetNameTaken(ParameterError):
+    """The owner already has a data set of this name at the gateway."""
 
 
 class MissingField(RefusedAnswer, KeyError):
@@ -364,6 +375,8 @@ class GatewayClient:
     def create_dataset(
         self, name: str, kind: str = "data", owner_id: str | None = None
     ) -> dict[str, Any]:
+        """Create a data set as asked (:meth:`new_dataset` first checks the owner has
+        none of that name)."""
         body: dict[str, Any] = {"name": name, "kind": kind}
         if owner_id:
             body["owner_id"] = owner_id
@@ -371,6 +384,17 @@ class GatewayClient:
 
     def list_datasets(self, kind: str = "data") -> list[dict[str, Any]]:
         return _as_objects(self._call("GET", f"/v1/datasets?kind={kind}"), "GET /v1/datasets")
+
+    def new_dataset(self, keys: ClientKeys, name: str) -> dict[str, Any]:
+        """Create a data set named ``name`` for this key's owner; DatasetNameTaken, before
+        anything is created, if the owner already has one of that name (a second would
+        split the owner's rows between two data sets nobody can tell apart)."""
+        for d in self.list_datasets("data"):
+            if d.get("owner_id") == keys.subject and d.get("name") == name:
+                raise DatasetNameTaken(
+                    f"{keys.subject} already has a data set named {name!r}: {d['id']}; to add "
+                    f"rows to it, upload with --into {d['id']}; otherwise pick another name")
+        return self.create_dataset(name)
 
     def get_dataset(self, dataset_id: str) -> dict[str, Any]:
         return _as_object(self._call("GET", f"/v1/datasets/{dataset_id}"), "a data set")
@@ -473,11 +497,56 @@ class GatewayClient:
         exponents: Sequence[int] | None = None,
         deployment: Deployment | None = None,
         progress: Progress | None = None,
+        again: bool = False,
+        source: str = "",
     ) -> dict[str, Any]:
+        """Encode, share, seal and send ``table`` into ``dataset_id``. RepeatedUpload,
+        before anything is sent, if this key file already sent the same rows into that
+        data set (:meth:`refuse_repeated_upload`; ``again=True``: send them once more all
+        the same). ``source``: where the table was read from, for that message."""
+        digest = table_digest(keys, table)  # kept on this machine only, never sent
+        if not again:
+            self.refuse_repeated_upload(keys, dataset_id, digest, source=source)
         dep = deployment or self.deployment()
         body = build_upload(keys, table, dataset_id, dep, exponents=exponents)
-        save_sent(keys, dataset_id, body)  # for `ppfs datasets repair`
+        # kept before it leaves: for `ppfs datasets repair`, and so that a retry of an
+        # upload whose answer never came is checked against what became of it
+        save_sent(keys, dataset_id, body, table_sha256=digest)
         return self.post_upload(dataset_id, body, progress)
+
+    def refuse_repeated_upload(
+        self, keys: ClientKeys, dataset_id: str, digest: str, *, source: str = ""
+    ) -> None:
+        """RepeatedUpload if this key file already sent the table of ``digest``
+        (:func:`ppfs_client.sent.table_digest`) into ``dataset_id`` and that upload was
+        added, or may still be (a party holds its part). Only when a kept record matches
+        is the gateway asked, and only for the data set's uploads by id: the digest never
+        leaves this machine. An earlier upload that the gateway neither recorded nor any
+        party holds was refused or cut off and aborted: its rows were never added."""
+        earlier = earlier_uploads(keys, dataset_id, digest)
+        if not earlier:
+            return
+        try:
+            check = self.check_dataset(dataset_id)
+            recorded = {str(u["upload_id"]) for u in check["recorded"]}
+            held = {str(h["upload_id"]): str(p["name"])
+                    for p in check["parties"] if p["reachable"] for h in p["held"]}
+        except (ApiError, RefusedAnswer, KeyError, TypeError) as exc:
+            raise repeat_refused(
+                earlier[-1], dataset_id,
+                f"whether it was added is not known: the data set's check failed: {exc}",
+                source=source) from None
+        for e in earlier:
+            if e.upload_id in recorded:
+                raise repeat_refused(e, dataset_id, "it is part of the data set",
+                                     source=source)
+        for e in earlier:
+            if e.upload_id in held:
+                raise repeat_refused(
+                    e, dataset_id,
+                    f"it is not part of the data set, but {held[e.upload_id]} still holds "
+                    f"its part: it may yet be added or dropped; `ppfs datasets check "
+                    f"{dataset_id}` shows when it is settled", source=source)
 
     # -- all-or-nothing uploads: what every party holds, and repairs ------------------
 
