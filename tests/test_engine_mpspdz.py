@@ -777,3 +777,36 @@ def test_every_party_names_a_session_mismatch_itself(
     got = run_every_party(engine, party_specs(engine, prep.inputs, tmp_path / "run", tags))
     assert all(isinstance(g, SessionMismatchError) for g in got), got
     assert _engine_processes(tmp_path) == []
+
+
+@needs_mpspdz
+@pytest.mark.mpspdz
+def test_a_party_whose_peers_never_come_reports_it_within_the_connect_time(
+    engine: MpSpdzEngine, tmp_path: Path
+) -> None:
+    """A job started at one party only (a gateway that stopped, or held back the other
+    starts): the party's engine gives up within MP-SPDZ's connect time (60 s), not its
+    run's time limit, and says why, as a symptom (PeerLostError) for the gateway to
+    look for the cause, rather than as a failure of its own. Alice waits for peers to
+    dial her; Carol dials peers that never listen; both run at once, in two jobs."""
+    from ppfs.errors import PeerLostError
+
+    security = Security.PASSIVE_3PC
+    table = make_table(30, 4, seed=7)
+    prep = prepare_inputs(table, 2, security, tmp_path / "inputs")
+    asyncio.run(engine.compile(prep.inputs.shape, security))
+    alone = [party_specs(engine, prep.inputs, tmp_path / job)[i]
+             for job, i in (("a", 0), ("c", 2))]
+
+    async def both() -> list[BaseException | object]:
+        return await asyncio.gather(*(engine.run_party(s) for s in alone),
+                                    return_exceptions=True)
+
+    t0 = time.monotonic()
+    alice, carol = asyncio.run(both())
+    assert time.monotonic() - t0 < 150  # the run's own limit here is 300 s
+    assert isinstance(alice, PeerLostError), alice
+    assert "no peer's engine connected to it within 60 s" in str(alice)
+    assert isinstance(carol, PeerLostError), carol
+    assert "could not reach a peer's engine within 60 s" in str(carol)
+    assert _engine_processes(tmp_path) == []

@@ -1071,6 +1071,9 @@ def _lost_a_peer(stderr: bytes) -> bool:
     fatal = _FATAL.search(stderr)
     return (bool(_lost_peers(stderr))
             or b"Fatal error in communication" in stderr
+            # no peer came within the connect time-out: its job may never have started
+            # there (a symptom here, named where it is: the gateway asks every party)
+            or _NO_PEER_CONNECTED in stderr or _PEER_UNREACHABLE in stderr
             # a peer gone between the handshake and the program ("read_some: stream
             # truncated", "write_some: Broken pipe"), unnamed
             or (fatal is not None and _gone(fatal.group(1))))
@@ -1132,6 +1135,9 @@ def remove_share_copies(party_dir: Path) -> None:
                 f.unlink()
 
 
+_NO_PEER_CONNECTED = b"Timed out waiting for peer"
+_PEER_UNREACHABLE = b"cannot connect from "
+
 _REASONS = (
     (b"program differs between parties", "the parties run different programs"),
     (b"failure reading from Player-Data/Input", "it could not read its input file"),
@@ -1145,6 +1151,11 @@ _REASONS = (
     (b"ould not bind", "its network port was taken"),
     (b"certificate", "a TLS certificate was rejected"),
     (b"MAC check", "a MAC check failed"),
+    # MP-SPDZ's connect time-out (Networking/sockets.h: 60 s), listening and dialling
+    (_NO_PEER_CONNECTED, "no peer's engine connected to it within 60 s: is the job running "
+                         "at every party?"),
+    (_PEER_UNREACHABLE, "it could not reach a peer's engine within 60 s: is the job running "
+                        "at every party, and that party's MPC port reachable from here?"),
     (b"encountered a problem", "a peer stopped first"),
     (b"closed", "a connection was closed"),
     (b"imeout", "a connection timed out"),
