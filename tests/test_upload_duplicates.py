@@ -82,8 +82,12 @@ def upload(capsys: Any, s: Stack, owner: str, csv_path: Path, *where: str) -> tu
 
 
 def records(s: Stack, owner: str) -> dict[str, dict[str, Any]]:
+    """Each kept upload's record with its digest record beside it, by upload id."""
     folder = Path(f"{s.keys[owner].path}.uploads")
-    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    kept = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    for p in folder.glob("*.sent"):
+        kept[p.stem] = {**kept[p.stem], **json.loads(p.read_text())}
+    return kept
 
 
 def test_the_same_file_twice_into_a_data_set_is_refused_before_anything_is_sent(
@@ -260,7 +264,7 @@ def test_a_damaged_record_is_named_and_an_old_one_ignored(
     assert rc == 0, err
     ds = out.strip()
     (upload_id,) = records(stack, "owner-a")
-    path = Path(f"{stack.keys['owner-a'].path}.uploads") / f"{upload_id}.json"
+    path = Path(f"{stack.keys['owner-a'].path}.uploads") / f"{upload_id}.sent"
     whole = path.read_bytes()
     path.write_bytes(whole[: len(whole) // 2])  # cut short (a crash, a bad copy)
     sent.requests.clear()
@@ -269,10 +273,8 @@ def test_a_damaged_record_is_named_and_an_old_one_ignored(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ppfs: error: ") and str(path) in lines[0]
     assert sent.posts("") == []
-    # a record an older client kept (no digest) is no error, and no refusal
-    record = json.loads(whole)
-    del record["table_sha256"]
-    path.write_text(json.dumps(record))
+    # an upload an older client kept (no digest record) is no error, and no refusal
+    path.unlink()
     rc, _, err = upload(capsys, stack, "owner-a", a, "--into", ds)
     assert rc == 0, err
     assert stack.client("owner-a").get_dataset(ds)["rows"] == 24
@@ -342,3 +344,21 @@ def test_a_retry_is_refused_only_if_the_earlier_upload_was_added_or_may_still_be
     with pytest.raises(RepeatedUpload) as again:
         a.upload_table(keys, w, ds)
     assert "still holds its part" in str(again.value) and "datasets check" in str(again.value)
+
+
+def test_the_check_reads_no_sealed_part(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An upload's own record holds its sealed parts (tens of MB for a large table); the
+    check before each upload reads only the small digest records beside them, so that it
+    costs the same however much this key file has sent."""
+    t = make_table(12, 3, seed=22)
+    a = write_csv(tmp_path / "a.csv", t)
+    rc, out, err = upload(capsys, stack, "owner-a", a, "--dataset", "big")
+    assert rc == 0, err
+    ds = out.strip()
+    (upload_id,) = records(stack, "owner-a")
+    folder = Path(f"{stack.keys['owner-a'].path}.uploads")
+    (folder / f"{upload_id}.json").write_bytes(b"\xff not read")
+    rc, _, err = upload(capsys, stack, "owner-a", a, "--into", ds)
+    assert rc == 2 and f"were already sent into data set {ds} as upload {upload_id}" in err, err

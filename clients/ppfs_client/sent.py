@@ -6,11 +6,13 @@ adds nothing to what the owner already holds; they let the owner give a party th
 its part exactly the bytes the signed manifest names (``ppfs datasets repair``), without
 re-sharing anything.
 
-Each record also holds the data set the upload went into, when it was sent and a digest
-of the table it carried (:func:`table_digest`), so that the same rows are not sent into
-the same data set twice by mistake (:func:`earlier_uploads`; of such an earlier upload the
-gateway is asked only, by its id, whether it was added). That digest is a fingerprint of
-the owner's data and stays on this machine: it is never part of anything sent.
+Each record holds the data set the upload went into. Beside it, ``<upload id>.sent``
+(mode 0600, a few hundred bytes, so that checking a new upload reads no sealed part) holds
+the data set, when it was sent and a digest of the table it carried
+(:func:`table_digest`), so that the same rows are not sent into the same data set twice by
+mistake (:func:`earlier_uploads`; of such an earlier upload the gateway is asked only, by
+its id, whether it was added). That digest is a fingerprint of the owner's data and stays
+on this machine: it is never part of anything sent.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 SENT_AT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+SENT_SUFFIX = ".sent"  # <upload id>.sent: the data set, time and digest of an upload
 
 
 class RepeatedUpload(ParameterError):
@@ -96,11 +99,11 @@ def save_sent(
     if keys.path is None:
         return None
     path = _path(keys, str(body["upload_id"]))
-    record: dict[str, Any] = {"dataset_id": dataset_id, **body}
+    write_private(path, json.dumps({"dataset_id": dataset_id, **body}).encode())
     if table_sha256:
-        record["table_sha256"] = table_sha256
-        record["sent_at"] = dt.datetime.now(dt.UTC).strftime(SENT_AT_FORMAT)
-    write_private(path, json.dumps(record).encode())
+        write_private(path.with_suffix(SENT_SUFFIX), json.dumps({
+            "dataset_id": dataset_id, "table_sha256": table_sha256,
+            "sent_at": dt.datetime.now(dt.UTC).strftime(SENT_AT_FORMAT)}).encode())
     return path
 
 
@@ -124,22 +127,23 @@ class EarlierUpload:
 
 def _damaged(path: Path, why: str) -> ParameterError:
     return ParameterError(
-        f"{path}: the record of a sent upload is damaged ({why}); it is read to keep the same "
-        f"rows from being sent twice. Restore it from a backup, or move it out of "
-        f"{path.parent} (then `ppfs datasets repair` cannot re-send that upload)")
+        f"{path}: the digest record of a sent upload is damaged ({why}); it is read to keep "
+        f"the same rows from being sent twice. Restore it from a backup, or delete it (the "
+        f"upload's own record stays, for `ppfs datasets repair`; only this check no longer "
+        f"covers it)")
 
 
 def earlier_uploads(keys: ClientKeys, dataset_id: str, digest: str) -> list[EarlierUpload]:
     """The uploads this key file kept a record of that sent the same table (``digest``)
-    into ``dataset_id``, oldest first. Records without a digest (older clients) are passed
-    over; a record that does not parse is named (ParameterError)."""
+    into ``dataset_id``, oldest first. Uploads without a digest (kept by older clients)
+    are passed over; a digest record that does not parse is named (ParameterError)."""
     if keys.path is None:
         return []
     folder = _folder(keys.path)
     if not folder.is_dir():
         return []
     found = []
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(folder.glob(f"*{SENT_SUFFIX}")):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError:
@@ -148,8 +152,6 @@ def earlier_uploads(keys: ClientKeys, dataset_id: str, digest: str) -> list[Earl
             raise _damaged(path, "not JSON") from None
         if not isinstance(record, dict):
             raise _damaged(path, "not a JSON object")
-        if "table_sha256" not in record:
-            continue  # kept by an older client: no digest to compare with
         got, sent_at = record.get("table_sha256"), record.get("sent_at")
         if not (isinstance(got, str) and _HEX64.match(got) and isinstance(sent_at, str)
                 and isinstance(record.get("dataset_id"), str)):

@@ -253,6 +253,27 @@ class _Head:
                            self.frac_bits, comps)
 
 
+def check_bundle_file(path: Path) -> _Head:
+    """The header of the bundle stored at ``path``, once its payload was read and found
+    whole and unchanged (its length and its SHA-256 those the header states), read in
+    chunks without holding the payload; ShareFormatError (or OSError) otherwise."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        prefix = fh.read(len(MAGIC) + 4)
+        if len(prefix) == len(MAGIC) + 4 and prefix.startswith(MAGIC):
+            (hlen,) = _U32.unpack_from(prefix, len(MAGIC))
+            prefix += fh.read(min(hlen, _MAX_HEADER + 1))
+        header, start = _parse_head(prefix, size)
+        if size - start != header.payload_bytes:
+            raise ShareFormatError("share bundle payload has the wrong length")
+        digest = hashlib.sha256()
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != header.digest:
+        raise ShareFormatError("share bundle checksum mismatch")
+    return header
+
+
 def _parse_head(blob: bytes, total: int) -> tuple[_Head, int]:
     """The header at the start of ``blob`` (a bundle of ``total`` bytes, of which
     ``blob`` holds at least the magic and header) and where the payload starts."""

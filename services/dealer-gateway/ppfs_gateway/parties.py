@@ -145,11 +145,14 @@ class PartyClient:
             raise self._error(exc, what) from None
 
     async def list_uploads(
-        self, dataset_id: str, timeout: float | None = None
+        self, dataset_id: str, timeout: float | None = None, verify: bool = False
     ) -> pb.ListUploadsResponse:
+        """What the party holds of a data set; ``verify``: it reads every share file of
+        it first (a damaged one is set aside and listed damaged)."""
         try:
             return await self.stub.ListUploads(
-                pb.ListUploadsRequest(dataset_id=dataset_id), timeout=timeout or self.rpc_seconds
+                pb.ListUploadsRequest(dataset_id=dataset_id, verify=verify),
+                timeout=timeout or self.rpc_seconds,
             )
         except aio.AioRpcError as exc:
             raise self._error(exc, "ListUploads") from None

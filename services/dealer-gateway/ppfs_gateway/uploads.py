@@ -194,6 +194,7 @@ _STATUS_NAMES = {
     pb.UPLOAD_STATUS_STAGED: "staged",
     pb.UPLOAD_STATUS_COMMITTED: "committed",
     pb.UPLOAD_STATUS_ABORTED: "aborted",
+    pb.UPLOAD_STATUS_DAMAGED: "damaged",
 }
 
 
@@ -207,6 +208,9 @@ class PartyHolding:
     error: str = ""
     held: list[tuple[str, str, str, int]] = field(default_factory=list)  # id, status, sha, rows
     missing: list[str] = field(default_factory=list)  # recorded, not held (nor staged)
+    # recorded, its share file damaged there (set aside): also missing, which the owner's
+    # repair re-sends
+    damaged: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # recorded, staged: commit not yet sent
     mismatched: list[str] = field(default_factory=list)  # held under another manifest
     unexpected: list[str] = field(default_factory=list)  # committed there, not recorded here
@@ -220,7 +224,13 @@ class PartyHolding:
     def problems(self, dataset_id: str) -> list[str]:
         out = [
             f"{self.name} does not hold upload {u!r} of data set {dataset_id!r}"
-            for u in self.missing
+            for u in self.missing if u not in self.damaged
+        ]
+        out += [
+            f"{self.name}'s stored share file of upload {u!r} of data set {dataset_id!r} "
+            f"is damaged (set aside there, used by no job): its owner re-sends the part "
+            f"with `ppfs datasets repair {dataset_id}`"
+            for u in self.damaged
         ]
         out += [
             f"upload {u!r} of data set {dataset_id!r} is not committed at {self.name} yet"
@@ -317,8 +327,10 @@ class UploadKeeper:
 
     # -- checks ------------------------------------------------------------------
 
-    async def check(self, ds: DatasetRecord) -> DatasetCheck:
-        """Every party's holdings of ``ds`` against the registry (one ListUploads each)."""
+    async def check(self, ds: DatasetRecord, verify: bool = False) -> DatasetCheck:
+        """Every party's holdings of ``ds`` against the registry (one ListUploads each;
+        ``verify``: each party reads every share file of it first, and one it finds
+        damaged is reported so)."""
         recorded = [
             (uid, owner, sha, rows)
             for uid, sha, rows in self.registry.upload_pins(ds.id)
@@ -330,7 +342,8 @@ class UploadKeeper:
             if d.decision == "commit"
         }
         answers = await asyncio.gather(
-            *(c.list_uploads(ds.id, timeout=self.rpc_seconds) for c in self.parties.clients),
+            *(c.list_uploads(ds.id, timeout=self.rpc_seconds, verify=verify)
+              for c in self.parties.clients),
             return_exceptions=True,
         )
         holdings = []
@@ -364,6 +377,9 @@ class UploadKeeper:
             got = held.get(uid)
             if got is None:
                 h.missing.append(uid)
+            elif got.status == pb.UPLOAD_STATUS_DAMAGED:
+                h.missing.append(uid)
+                h.damaged.append(uid)
             elif got.manifest_sha256 != sha:
                 h.mismatched.append(uid)
             elif got.status != pb.UPLOAD_STATUS_COMMITTED:
@@ -452,7 +468,7 @@ class UploadKeeper:
             status = {u: s for u, s, _sha, _r in h.held}.get(upload_id)
             if status == "committed":
                 raise Conflict(f"{c.name} holds upload {upload_id!r}; nothing to repair")
-            if status is None:
+            if status in (None, "damaged"):  # a damaged one is set aside: sent anew
                 await c.put_upload_part(
                     pb.UploadPartHeader(
                         dataset_id=ds.id, upload_id=upload_id, owner_id=owner,

@@ -68,6 +68,12 @@ class UploadDecisionError(PartyError):
     """A commit of an aborted upload, or an abort of a committed one."""
 
 
+class DamagedUploadError(PartyError):
+    """A share file of a committed upload is not what this party stored (truncated,
+    altered or gone: a disk fault). The upload is set aside and used by no job until its
+    owner re-sends the part."""
+
+
 class DescriptionMismatchError(ParameterError):
     """The job description's hash differs from the one the caller sent."""
 
@@ -136,6 +142,7 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     StorageError: grpc.StatusCode.INTERNAL,
     JobConflictError: grpc.StatusCode.FAILED_PRECONDITION,
     UploadDecisionError: grpc.StatusCode.FAILED_PRECONDITION,
+    DamagedUploadError: grpc.StatusCode.FAILED_PRECONDITION,
     NotReadyError: grpc.StatusCode.FAILED_PRECONDITION,
     EngineUnavailableError: grpc.StatusCode.FAILED_PRECONDITION,
     IntegrityError: grpc.StatusCode.DATA_LOSS,

@@ -60,6 +60,7 @@ _UPLOAD_STATUS = {
     "staged": party_pb2.UPLOAD_STATUS_STAGED,
     "committed": party_pb2.UPLOAD_STATUS_COMMITTED,
     "aborted": party_pb2.UPLOAD_STATUS_ABORTED,
+    "damaged": party_pb2.UPLOAD_STATUS_DAMAGED,
 }
 
 
@@ -171,6 +172,9 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
     async def ListUploads(self, request: party_pb2.ListUploadsRequest,
                           context: grpc.aio.ServicerContext[Any, Any]
                           ) -> party_pb2.ListUploadsResponse:
+        if request.verify:  # damaged share files are set aside, then listed as damaged
+            await self.state.store.set_aside_damaged(
+                self.state.store.held_uploads(request.dataset_id))
         held = self.state.store.listing(request.dataset_id)
         return party_pb2.ListUploadsResponse(dataset_id=request.dataset_id, uploads=[
             party_pb2.HeldUpload(upload_id=u.manifest.upload_id,

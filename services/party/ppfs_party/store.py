@@ -29,6 +29,16 @@ refuses a tombstoned id; and on start a staged directory whose id is tombstoned 
 deleted, a committed one is not used (it could only come from an older version that
 lacked these checks). An abort whose tombstone write failed midway (the tombstone may
 be on disk) refuses the id too, until a retried abort confirms the tombstone.
+
+Damaged share files: before a job is accepted (:meth:`ShareStore.check_intact`), and
+when asked to verify a data set (``ppfs datasets check``), every share file of the
+uploads concerned is read and checked: present, of the length its header states, its
+payload's SHA-256 the one its header states, and the header what the owner-signed
+manifest says (data set, party, scheme, kind, shape, fractional bits). An upload with a
+file that fails is set aside under ``damaged/`` (logged, audited), listed as damaged
+and used by no job, and its id is free for the owner's repair (``ppfs datasets
+repair``). A file served from the bundle cache, unchanged since it was loaded and
+checked, is not read again.
 """
 
 from __future__ import annotations
@@ -51,8 +61,9 @@ from pathlib import Path
 from nacl.public import PrivateKey
 
 from ppfs.durable import fsync_dir, write_durable
+from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import ParameterError, ShareFormatError
-from ppfs.sharing import Scheme, ShareBundle
+from ppfs.sharing import Scheme, ShareBundle, check_bundle_file
 from ppfs.upload import (
     Manifest,
     UploadRejected,
@@ -65,6 +76,7 @@ from ppfs_party.audit import AuditLog
 from ppfs_party.config import DEFAULT_UPLOAD_TIMEOUT, MIN_UPLOAD_RATE
 from ppfs_party.errors import (
     CorruptStateError,
+    DamagedUploadError,
     NotFoundError,
     TombstonesFullError,
     UploadDecisionError,
@@ -156,6 +168,17 @@ class BundleCache:
         self._bytes = 0
         self._lock = threading.Lock()
 
+    def holds(self, path: Path) -> bool:
+        """Whether the file at ``path`` is cached as it is now (loaded and checked since
+        it last changed): a job is served that checked copy."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        with self._lock:
+            hit = self._entries.get(path)
+            return hit is not None and hit[0] == (st.st_ino, st.st_size, st.st_mtime_ns)
+
     def load(self, path: Path) -> ShareBundle:
         st = os.stat(path)
         key = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -187,12 +210,38 @@ class StoredUpload:
     kinds: frozenset[str]
     directory: Path
     cache: BundleCache | None = field(default=None, compare=False, repr=False)
+    party: int = field(default=0, compare=False)
 
     def bundle(self, kind: str) -> ShareBundle:
         """The upload's bundle of ``kind`` (through the store's cache, if any: then its
-        arrays are read-only, shared with later jobs)."""
+        arrays are read-only, shared with later jobs); DamagedUploadError, naming the
+        upload, if its file is not whole (damaged since the job was accepted)."""
         path = self.directory / f"{kind}.shr"
-        return ShareBundle.load(path) if self.cache is None else self.cache.load(path)
+        try:
+            return ShareBundle.load(path) if self.cache is None else self.cache.load(path)
+        except (ShareFormatError, OSError) as exc:
+            raise damaged_error(self, kind, _reason(exc)) from None
+
+
+def _reason(exc: Exception) -> str:
+    """What is wrong with a share file, in a few words that hold nothing of its contents."""
+    if isinstance(exc, FileNotFoundError):
+        return "file gone"
+    if isinstance(exc, OSError):
+        return os.strerror(exc.errno).lower() if exc.errno else type(exc).__name__
+    text = str(exc)
+    return ("checksum mismatch" if "checksum" in text
+            else "wrong length" if "length" in text else "unreadable header")
+
+
+def damaged_error(stored: StoredUpload, kind: str, reason: str) -> DamagedUploadError:
+    """Names the party, the file, the upload and its data set, and what to do, in the
+    200 characters of a party's refusal the gateway passes on."""
+    m = stored.manifest
+    name = PARTY_NAMES[stored.party] if stored.party < len(PARTY_NAMES) else "this party"
+    return DamagedUploadError(
+        f"{name}'s {kind}.shr of upload {m.upload_id!r} (data set {m.dataset_id!r}) is "
+        f"damaged ({reason}): set aside; its owner re-sends it (ppfs datasets repair)")
 
 
 class ShareStore:
@@ -214,6 +263,9 @@ class ShareStore:
         self.aborted_dir = state_dir / "aborted"
         self._uploads: dict[str, StoredUpload] = {}
         self._staged: dict[str, StoredUpload] = {}
+        # set aside because a share file of theirs is damaged, by upload id: listed as
+        # damaged until the owner's repair commits the upload again
+        self._damaged: dict[str, StoredUpload] = {}
         self._aborted: set[str] = set()  # durable tombstones
         # aborts whose tombstone write failed midway: refused, as the tombstone may be on disk
         self._abort_unsure: set[str] = set()
@@ -256,22 +308,41 @@ class ShareStore:
                     log.error("[Party.store] upload=%s is aborted: directory %s/%s not used",
                               manifest.upload_id, where.name, d.name)
                     continue
-                index[manifest.upload_id] = StoredUpload(manifest, kinds, d, self._cache)
+                index[manifest.upload_id] = StoredUpload(manifest, kinds, d, self._cache,
+                                                         self.party)
         for uid in set(self._staged) & set(self._uploads):  # a crash between the two renames
             shutil.rmtree(self._staged.pop(uid).directory, ignore_errors=True)
+        self._damaged = {}
+        damaged = self.state_dir / "damaged"
+        for d in sorted(damaged.iterdir()) if damaged.is_dir() else ():
+            try:  # an upload set aside for a damaged share file: its manifest is whole
+                manifest = Manifest.from_bytes((d / "manifest.json").read_bytes())
+            except (OSError, UploadRejected):
+                continue
+            if manifest.upload_id not in self._uploads | self._staged:
+                self._damaged[manifest.upload_id] = StoredUpload(
+                    manifest, frozenset(), d, None, self.party)
+
+    def _move_aside(self, d: Path) -> Path | None:
+        """Move an upload directory to ``damaged/`` (kept for the operator, its id free
+        for the owner's repair); None if it could not be moved."""
+        damaged = self.state_dir / "damaged"
+        kept = damaged / f"{d.parent.name}-{d.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            damaged.mkdir(exist_ok=True, mode=0o700)
+            d.rename(kept)
+            fsync_dir(damaged)
+            fsync_dir(d.parent)
+        except OSError:
+            return None
+        return kept
 
     def _set_aside(self, d: Path) -> None:
         """An upload directory whose manifest cannot be read (a disk fault): moved to
         ``damaged/`` for the operator, so that its id is free for the owner's repair
         (``ppfs datasets repair``; ``ppfs datasets check`` names it missing here)."""
-        damaged = self.state_dir / "damaged"
-        damaged.mkdir(exist_ok=True, mode=0o700)
-        kept = damaged / f"{d.parent.name}-{d.name}-{uuid.uuid4().hex[:8]}"
-        try:
-            d.rename(kept)
-            fsync_dir(damaged)
-            fsync_dir(d.parent)
-        except OSError:
+        kept = self._move_aside(d)
+        if kept is None:
             log.error("[Party.store] unreadable upload directory %s/%s not used",
                       d.parent.name, d.name)
             return
@@ -283,6 +354,68 @@ class ShareStore:
 
     def owners(self) -> dict[str, bytes]:
         return load_owners(self.state_dir / "owners.json")
+
+    # -------------------------------------------------------------- damaged files
+    async def check_intact(self, uploads: Iterable[StoredUpload]) -> None:
+        """Read every share file of ``uploads``: DamagedUploadError naming the first
+        upload with one that is not what this party stored, after every such upload was
+        set aside."""
+        found = await self.set_aside_damaged(uploads)
+        if found:
+            stored, kind, reason = found[0]
+            raise damaged_error(stored, kind, reason)
+
+    async def set_aside_damaged(self, uploads: Iterable[StoredUpload]
+                                ) -> list[tuple[StoredUpload, str, str]]:
+        """The committed ``uploads`` with a damaged share file, each with the file's
+        kind and what is wrong; each is set aside (no job uses it, listed damaged)."""
+        found = []
+        for u in {u.manifest.upload_id: u for u in uploads}.values():
+            problem = await asyncio.to_thread(self._file_problem, u)
+            if problem is not None:
+                found.append((u, *problem))
+        for u, kind, reason in found:
+            uid = u.manifest.upload_id
+            async with self._lock:
+                if self._uploads.get(uid) is not u:
+                    continue  # set aside (or replaced) meanwhile
+                del self._uploads[uid]
+                kept = await asyncio.to_thread(self._move_aside, u.directory)
+                self._damaged[uid] = StoredUpload(u.manifest, frozenset(),
+                                                  kept or u.directory, None, self.party)
+            log.error("[Party.store] upload=%s dataset=%s share file %s damaged (%s): %s; "
+                      "its owner re-sends it with `ppfs datasets repair`", uid,
+                      u.manifest.dataset_id, kind, reason,
+                      f"moved to {kept}" if kept else "not used (it could not be moved)")
+            self.audit.record("upload.damaged", dataset_id=u.manifest.dataset_id,
+                              upload_id=uid, file=f"{kind}.shr", reason=reason,
+                              kept=kept.name if kept else "")
+        return found
+
+    def _file_problem(self, u: StoredUpload) -> tuple[str, str] | None:
+        """(kind, what is wrong) of the first share file of ``u`` that is not whole or
+        not what the owner-signed manifest describes; None if all are. A file the bundle
+        cache holds unchanged is not read again: a job is served that checked copy."""
+        m = u.manifest
+        if "mask" in u.kinds or (not u.kinds & {"data", "labels"} and m.recipient_public_key):
+            shapes = {"mask": (m.rows, 2)}
+        else:
+            shapes = {"data": (m.rows, len(m.columns))}
+            if m.label_column:
+                shapes["labels"] = (m.rows, len(m.classes) - 1)
+        for kind, shape in shapes.items():
+            path = u.directory / f"{kind}.shr"
+            if self._cache is not None and self._cache.holds(path):
+                continue
+            try:
+                head = check_bundle_file(path)
+            except (ShareFormatError, OSError) as exc:
+                return kind, _reason(exc)
+            if ((head.dataset_id, head.party, head.scheme.value, head.kind, head.shape)
+                    != (m.dataset_id, self.party, m.scheme, kind, shape)
+                    or (kind == "data" and head.frac_bits != m.frac_bits)):
+                return kind, "header differs from the manifest"
+        return None
 
     # -------------------------------------------------------------- queries
     def upload(self, upload_id: str) -> StoredUpload:
@@ -336,6 +469,9 @@ class ShareStore:
                  if u.manifest.dataset_id == dataset_id]
         found += [(u, "staged") for u in self._staged.values()
                   if u.manifest.dataset_id == dataset_id]
+        found += [(u, "damaged") for uid, u in self._damaged.items()
+                  if u.manifest.dataset_id == dataset_id
+                  and uid not in self._uploads and uid not in self._staged]
         return sorted(found, key=lambda t: t[0].manifest.upload_id)
 
     # -------------------------------------------------------------- decisions
@@ -360,7 +496,8 @@ class ShareStore:
             await asyncio.to_thread(self._move, stored.directory, final)
             del self._staged[upload_id]
             self._uploads[upload_id] = StoredUpload(stored.manifest, stored.kinds, final,
-                                                    self._cache)
+                                                    self._cache, self.party)
+            self._damaged.pop(upload_id, None)  # repaired
         self.audit.record("upload.committed", dataset_id=dataset_id, upload_id=upload_id)
         return "committed"
 
@@ -588,4 +725,4 @@ class ShareStore:
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)
             raise
-        return StoredUpload(manifest, frozenset(bundles), final, self._cache)
+        return StoredUpload(manifest, frozenset(bundles), final, self._cache, self.party)

@@ -13,6 +13,7 @@ class UploadStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UPLOAD_STATUS_STAGED: _ClassVar[UploadStatus]
     UPLOAD_STATUS_COMMITTED: _ClassVar[UploadStatus]
     UPLOAD_STATUS_ABORTED: _ClassVar[UploadStatus]
+    UPLOAD_STATUS_DAMAGED: _ClassVar[UploadStatus]
 
 class Combination(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -45,6 +46,7 @@ UPLOAD_STATUS_UNSPECIFIED: UploadStatus
 UPLOAD_STATUS_STAGED: UploadStatus
 UPLOAD_STATUS_COMMITTED: UploadStatus
 UPLOAD_STATUS_ABORTED: UploadStatus
+UPLOAD_STATUS_DAMAGED: UploadStatus
 COMBINATION_UNSPECIFIED: Combination
 COMBINATION_HORIZONTAL: Combination
 COMBINATION_VERTICAL: Combination
@@ -189,10 +191,12 @@ class UploadDecisionResponse(_message.Message):
     def __init__(self, upload_id: _Optional[str] = ..., status: _Optional[_Union[UploadStatus, str]] = ...) -> None: ...
 
 class ListUploadsRequest(_message.Message):
-    __slots__ = ("dataset_id",)
+    __slots__ = ("dataset_id", "verify")
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FIELD_NUMBER: _ClassVar[int]
     dataset_id: str
-    def __init__(self, dataset_id: _Optional[str] = ...) -> None: ...
+    verify: bool
+    def __init__(self, dataset_id: _Optional[str] = ..., verify: _Optional[bool] = ...) -> None: ...
 
 class HeldUpload(_message.Message):
     __slots__ = ("upload_id", "manifest_sha256", "rows", "status", "signed_at")

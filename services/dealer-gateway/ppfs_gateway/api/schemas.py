@@ -114,7 +114,8 @@ class UploadCreate(Strict):
 
 class HeldUploadOut(BaseModel):
     upload_id: str
-    status: str = Field(description="committed | staged (waiting for the gateway's decision)")
+    status: str = Field(description="committed | staged (waiting for the gateway's decision)"
+                        " | damaged (a share file damaged there: set aside)")
     manifest_sha256: str
     rows: int
 
@@ -127,6 +128,10 @@ class PartyHoldingOut(BaseModel):
     consistent: bool
     held: list[HeldUploadOut]
     missing: list[str] = Field(description="recorded uploads this party does not hold")
+    damaged: list[str] = Field(
+        default_factory=list,
+        description="recorded uploads whose share file this party found damaged (set "
+        "aside, used by no job; also in missing, for the owner's repair)")
     pending: list[str] = Field(description="recorded uploads whose commit has not reached it")
     mismatched: list[str] = Field(description="uploads it holds under another manifest")
     unexpected: list[str] = Field(description="committed uploads the gateway never recorded")

@@ -155,6 +155,7 @@ def check_out(check: DatasetCheck) -> DatasetCheckOut:
                     for u, st, sha, rows in p.held
                 ],
                 missing=p.missing,
+                damaged=p.damaged,
                 pending=p.pending,
                 mismatched=p.mismatched,
                 unexpected=p.unexpected,
@@ -167,10 +168,11 @@ def check_out(check: DatasetCheck) -> DatasetCheckOut:
 
 @router.get("/v1/datasets/{dataset_id}/check", response_model=DatasetCheckOut)
 async def check_dataset(dataset_id: str, who: PrincipalDep, jobs: JobsDep) -> DatasetCheckOut:
-    """What every party holds of the data set against what the gateway recorded."""
+    """What every party holds of the data set against what the gateway recorded; each
+    party reads every share file of it, and names one it finds damaged."""
     ds = visible_dataset(jobs.registry, dataset_id, who)
     await jobs.uploads.flush(dataset_id=ds.id)
-    return check_out(await jobs.uploads.check(ds))
+    return check_out(await jobs.uploads.check(ds, verify=True))
 
 
 @router.post(
