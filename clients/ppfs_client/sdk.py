@@ -293,6 +293,11 @@ class GatewayClient:
         url = self._http.base_url
         host = f"[{url.host}]" if ":" in url.host else url.host
         where = f"{url.scheme}://{host}" + (f":{url.port}" if url.port else "")
+        if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+            # it was reached, then went away (stopped, killed, restarted) mid-request
+            return ApiError(0, "gateway connection lost",
+                            f"the gateway at {where} dropped the connection before it "
+                            f"answered ({type(exc).__name__})")
         return ApiError(0, "gateway unreachable",
                         f"{type(exc).__name__} at {where} (PPFS_GATEWAY or --gateway)")
 
@@ -512,7 +517,20 @@ class GatewayClient:
         # kept before it leaves: for `ppfs datasets repair`, and so that a retry of an
         # upload whose answer never came is checked against what became of it
         save_sent(keys, dataset_id, body, table_sha256=digest)
-        return self.post_upload(dataset_id, body, progress)
+        try:
+            return self.post_upload(dataset_id, body, progress)
+        except ApiError as exc:
+            if exc.status != 0:
+                raise
+            upload_id = body["upload_id"]
+            raise ApiError(0, exc.title, (
+                f"{exc.detail}. Upload {upload_id} into data set {dataset_id} did not "
+                "complete as far as this client saw: the gateway adds an upload only once "
+                "every party stored its part, and aborts it at every party if it stops "
+                "before that. Running the same upload again (--into "
+                f"{dataset_id}) once the gateway answers is safe: the rows are sent again "
+                f"only if upload {upload_id} was neither added nor is still held by a party"
+            )) from None
 
     def refuse_repeated_upload(
         self, keys: ClientKeys, dataset_id: str, digest: str, *, source: str = ""
