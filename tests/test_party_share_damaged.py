@@ -162,3 +162,31 @@ def test_datasets_check_finds_a_damaged_share_file_before_any_job(
     rc, out, err = run_cli(capsys, s, "owner-a", "datasets", "repair", ds)
     assert rc == 0 and f"re-sent upload {upload_id} to Carol" in err, out + err
     assert s.client("owner-a").check_dataset(ds)["consistent"]
+
+
+def test_a_file_damaged_after_the_job_was_accepted_fails_it_naming_the_upload(
+    stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the damage comes between Carol's check of the files and the reading of the job's
+    # inputs: played by letting that check pass (a file bit-rots under a queued job)
+    from ppfs_party.store import ShareStore
+
+    s = stack
+    ds, upload_id = _study(s)
+    _damage(_carol(s) / "uploads" / upload_id / "data.shr", "flipped")
+
+    async def passes(self: ShareStore, uploads: object) -> None:
+        return None
+
+    monkeypatch.setattr(ShareStore, "check_intact", passes)
+    ended = _submit(s, ds)
+    assert ended["state"] == "failed", ended
+    assert f"Carol's data.shr of upload {upload_id!r} (data set {ds!r}) is damaged " \
+        "(checksum mismatch)" in ended["error"], ended["error"]
+    assert not (_carol(s) / "uploads" / upload_id).exists()  # set aside there too
+    monkeypatch.undo()
+
+    rc, out, err = run_cli(capsys, s, "owner-a", "datasets", "check", ds)
+    assert rc == 1 and "damaged" in _check_line(out, "Carol"), out + err
+    rc, out, err = run_cli(capsys, s, "owner-a", "datasets", "repair", ds)
+    assert rc == 0 and f"re-sent upload {upload_id} to Carol" in err, out + err

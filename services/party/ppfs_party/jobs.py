@@ -93,6 +93,7 @@ from ppfs_party.combine import PinnedInputsError, assemble, pinned_plan
 from ppfs_party.config import PartySettings
 from ppfs_party.errors import (
     CorruptStateError,
+    DamagedUploadError,
     DescriptionMismatchError,
     JobConflictError,
     NotFoundError,
@@ -103,7 +104,7 @@ from ppfs_party.errors import (
 )
 from ppfs_party.keys import PartyKeys, fingerprint
 from ppfs_party.metrics import PartyMetrics
-from ppfs_party.store import MAX_TOMBSTONES, ShareStore, check_job_id
+from ppfs_party.store import MAX_TOMBSTONES, ShareStore, StoredUpload, check_job_id
 
 log = logging.getLogger("ppfs.party")
 
@@ -367,6 +368,15 @@ class JobRunner:
             held.append(self.store.upload(desc.mask_upload_id))
         await self.store.check_intact(held)
 
+    def _held_pins(self, job: JobContract) -> list[StoredUpload]:
+        """The uploads the job pins, and its mask upload, that this party holds."""
+        held = []
+        for upload_id in [*(u.upload_id for d in job.datasets for u in d.uploads),
+                          job.mask_upload_id]:
+            with contextlib.suppress(NotFoundError):
+                held.append(self.store.upload(upload_id))
+        return held
+
     def _accept(self, desc: party_pb2.JobDescription, sha256: str
                 ) -> tuple[JobRecord, JobContract, Engine]:
         """The cheap checks; records the job as queued. Raises when it is refused."""
@@ -511,8 +521,13 @@ class JobRunner:
                 # assembled once a run may start, so that a queue of jobs holds no
                 # inputs in memory; the engine takes the bundles as they are
                 await self._update(rec, phase="assembling inputs", progress=0.03)
-                inputs = await asyncio.to_thread(
-                    assemble, self.store, job, index, self.settings.name)
+                try:
+                    inputs = await asyncio.to_thread(
+                        assemble, self.store, job, index, self.settings.name)
+                except DamagedUploadError:
+                    # damaged since the job was accepted: set aside like any other
+                    await self.store.set_aside_damaged(self._held_pins(job))
+                    raise
                 spec = PartyRunSpec(
                     security=job.security, shape=inputs.shape, party=index,
                     input_dir=job_dir / "inputs", workdir=job_dir / "engine",
