@@ -299,16 +299,18 @@ class JobCoordinator:
 
     def __init__(
         self, registry: Registry, parties: Parties, lost_seconds: float,
-        max_concurrent: int = 1,
+        max_concurrent: int = 1, rpc_seconds: float = 5.0,
     ) -> None:
         self.registry = registry
         self.parties = parties
         self.lost_seconds = lost_seconds
         # A lost party is declared failed at most lost_seconds after it went away: the
         # last good poll is <= poll_seconds old when it dies, the next poll may hang for
-        # rpc_seconds, so the silence allowed is what is left of the budget.
+        # rpc_seconds, so the silence allowed is what is left of the budget. A poll, like
+        # every call a party answers at once, waits at most ``rpc_seconds``
+        # (party_rpc_seconds).
         self.poll_seconds = max(0.2, min(5.0, lost_seconds / 6))
-        self.rpc_seconds = min(10.0, lost_seconds / 4)
+        self.rpc_seconds = min(rpc_seconds, lost_seconds / 4)
         self.silence_seconds = lost_seconds - self.poll_seconds - self.rpc_seconds
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._changed: dict[str, asyncio.Event] = {}

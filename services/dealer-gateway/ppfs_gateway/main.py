@@ -248,7 +248,8 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
         registry = Registry(settings.db_path)
         conn = parties or Parties.connect(settings)
         coordinator = JobCoordinator(registry, conn, settings.party_lost_seconds,
-                                     settings.max_concurrent_jobs)
+                                     settings.max_concurrent_jobs,
+                                     rpc_seconds=settings.party_rpc_seconds)
         app.state.resources = GatewayResources(
             settings=settings,
             registry=registry,

@@ -86,13 +86,14 @@ class PartyClient:
     endpoint: PartyEndpoint
     channel: aio.Channel
     stub: pb_grpc.PartyServiceStub
-    rpc_seconds: float
+    rpc_seconds: float  # a call the party answers at once
+    transfer_seconds: float = 120.0  # a call that moves an upload part or a result part
 
     @property
     def name(self) -> str:
         return _name(self.index)
 
-    def _error(self, exc: aio.AioRpcError, what: str) -> Exception:
+    def _error(self, exc: aio.AioRpcError, what: str, seconds: float) -> Exception:
         code = exc.code()
         detail = (exc.details() or "")[:_MAX_DETAIL]
         log.warning("[Gateway.%s] party=%s status=%s", what, self.name, code.name)
@@ -103,6 +104,11 @@ class PartyClient:
         if code == grpc.StatusCode.INTERNAL and detail and detail != PARTY_INTERNAL:
             # it answered, naming its own failure (a write of its files): not a lost party
             return PartyFailed(f"{self.name} failed {what}: {detail}")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            # connected but silent: a frozen (stopped, swapping) or overloaded party
+            return PartyUnavailable(
+                f"{self.name} did not answer {what} within {seconds:g} s (frozen or "
+                "overloaded?)")
         return PartyUnavailable(f"{self.name} did not answer {what} ({code.name.lower()})")
 
     async def ready(self, seconds: float) -> bool:
@@ -118,7 +124,7 @@ class PartyClient:
         try:
             return await self.stub.GetIdentity(pb.GetIdentityRequest(), timeout=self.rpc_seconds)
         except aio.AioRpcError as exc:
-            raise self._error(exc, "GetIdentity") from None
+            raise self._error(exc, "GetIdentity", self.rpc_seconds) from None
 
     async def put_upload_part(
         self, header: pb.UploadPartHeader, sealed: bytes
@@ -129,39 +135,40 @@ class PartyClient:
                 yield pb.UploadPartChunk(chunk=sealed[off : off + CHUNK])
 
         try:
-            return await self.stub.PutUploadPart(chunks(), timeout=self.rpc_seconds * 4)
+            return await self.stub.PutUploadPart(chunks(), timeout=self.transfer_seconds)
         except aio.AioRpcError as exc:
-            raise self._error(exc, "the upload") from None
+            raise self._error(exc, "the upload", self.transfer_seconds) from None
 
     async def decide_upload(
         self, dataset_id: str, upload_id: str, commit: bool, timeout: float | None = None
     ) -> pb.UploadDecisionResponse:
         req = pb.UploadDecisionRequest(dataset_id=dataset_id, upload_id=upload_id)
         what = "CommitUpload" if commit else "AbortUpload"
+        seconds = timeout or self.rpc_seconds
         try:
             call = self.stub.CommitUpload if commit else self.stub.AbortUpload
-            return await call(req, timeout=timeout or self.rpc_seconds)
+            return await call(req, timeout=seconds)
         except aio.AioRpcError as exc:
-            raise self._error(exc, what) from None
+            raise self._error(exc, what, seconds) from None
 
     async def list_uploads(
         self, dataset_id: str, timeout: float | None = None, verify: bool = False
     ) -> pb.ListUploadsResponse:
         """What the party holds of a data set; ``verify``: it reads every share file of
         it first (a damaged one is set aside and listed damaged)."""
+        seconds = timeout or self.rpc_seconds
         try:
             return await self.stub.ListUploads(
-                pb.ListUploadsRequest(dataset_id=dataset_id, verify=verify),
-                timeout=timeout or self.rpc_seconds,
+                pb.ListUploadsRequest(dataset_id=dataset_id, verify=verify), timeout=seconds
             )
         except aio.AioRpcError as exc:
-            raise self._error(exc, "ListUploads") from None
+            raise self._error(exc, "ListUploads", seconds) from None
 
     async def start_job(self, req: pb.StartJobRequest) -> pb.StartJobResponse:
         try:
             return await self.stub.StartJob(req, timeout=self.rpc_seconds)
         except aio.AioRpcError as exc:
-            raise self._error(exc, "StartJob") from None
+            raise self._error(exc, "StartJob", self.rpc_seconds) from None
 
     async def cancel_job(self, job_id: str) -> pb.CancelJobResponse:
         try:
@@ -169,15 +176,14 @@ class PartyClient:
                 pb.CancelJobRequest(job_id=job_id), timeout=self.rpc_seconds
             )
         except aio.AioRpcError as exc:
-            raise self._error(exc, "CancelJob") from None
+            raise self._error(exc, "CancelJob", self.rpc_seconds) from None
 
     async def get_job(self, job_id: str, timeout: float | None = None) -> pb.JobStatus:
+        seconds = timeout or self.rpc_seconds
         try:
-            return await self.stub.GetJob(
-                pb.GetJobRequest(job_id=job_id), timeout=timeout or self.rpc_seconds
-            )
+            return await self.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=seconds)
         except aio.AioRpcError as exc:
-            raise self._error(exc, "GetJob") from None
+            raise self._error(exc, "GetJob", seconds) from None
 
     def watch_job(self, job_id: str) -> AsyncIterator[pb.JobEvent]:
         # no deadline: the stream lives as long as the job; liveness is checked apart
@@ -186,10 +192,10 @@ class PartyClient:
     async def fetch_result_part(self, job_id: str) -> pb.SealedResultPart:
         try:
             return await self.stub.FetchResultPart(
-                pb.FetchResultPartRequest(job_id=job_id), timeout=self.rpc_seconds * 4
+                pb.FetchResultPartRequest(job_id=job_id), timeout=self.transfer_seconds
             )
         except aio.AioRpcError as exc:
-            raise self._error(exc, "FetchResultPart") from None
+            raise self._error(exc, "FetchResultPart", self.transfer_seconds) from None
 
 
 class Parties:
@@ -210,7 +216,8 @@ class Parties:
             )
             clients.append(
                 PartyClient(
-                    i, ep, channel, pb_grpc.PartyServiceStub(channel), settings.party_rpc_seconds
+                    i, ep, channel, pb_grpc.PartyServiceStub(channel),
+                    settings.party_rpc_seconds, settings.party_transfer_seconds,
                 )
             )
         return cls(clients)

@@ -420,21 +420,30 @@ class UploadKeeper:
                              upload_id)
 
     async def require_complete(self, dataset_ids: list[str]) -> None:
-        """Before a job: every reachable party holds exactly the recorded uploads of every
-        data set, committed. Pending commits are sent first. A party that cannot be reached
-        is left to the job's start, which names it."""
-        for dataset_id in dataset_ids:
-            await self.flush(dataset_id=dataset_id)
-            ds = self.registry.get_dataset(dataset_id)
-            if ds is None:
-                continue
-            check = await self.check(ds)
-            problems = [msg for p in check.parties for msg in p.problems(dataset_id)]
+        """Before a job: every party answers, and holds exactly the recorded uploads of
+        every data set, committed. Pending commits are sent first. A party that does not
+        answer (down, or frozen: each call waits at most ``rpc_seconds``) is named here,
+        before anything of the job is stored: a job it cannot start is never recorded."""
+        # a party that just restarted is reached at once, not after the reconnect backoff
+        await asyncio.gather(*(c.ready(self.rpc_seconds) for c in self.parties.clients))
+        await asyncio.gather(*(self.flush(dataset_id=d) for d in dataset_ids))
+        datasets = [ds for d in dataset_ids if (ds := self.registry.get_dataset(d)) is not None]
+        checks = await asyncio.gather(*(self.check(ds) for ds in datasets))
+        silent = {p.index: p for check in checks for p in check.parties if not p.reachable}
+        if silent:
+            raise PartyUnavailable(
+                "; ".join(p.error for p in silent.values())
+                + ": no job was submitted and nothing of it was stored; submit again once "
+                + " and ".join(p.name for p in silent.values())
+                + " answers (its operator checks that it runs and is not overloaded)"
+            )
+        for check in checks:
+            problems = [msg for p in check.parties for msg in p.problems(check.dataset_id)]
             if problems:
                 raise Conflict(
                     "; ".join(problems[:4])
-                    + f". See `ppfs datasets check {dataset_id}`; the upload's owner restores "
-                    f"a lost part with `ppfs datasets repair {dataset_id}`"
+                    + f". See `ppfs datasets check {check.dataset_id}`; the upload's owner "
+                    f"restores a lost part with `ppfs datasets repair {check.dataset_id}`"
                 )
 
     # -- repair ------------------------------------------------------------------

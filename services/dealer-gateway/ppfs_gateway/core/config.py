@@ -87,7 +87,12 @@ class Settings(BaseModel):
     port: int = Field(default=8443, ge=0, le=65535)
     max_upload_bytes: int = Field(default=256 << 20, ge=1024)
     party_lost_seconds: float = Field(default=60.0, gt=0)
-    party_rpc_seconds: float = Field(default=30.0, gt=0)
+    # a call a party answers at once (its identity, what it holds, starting, cancelling
+    # or reporting a job): a party silent for this long is named as not answering (frozen
+    # or overloaded), so a submit fails within seconds instead of waiting on it
+    party_rpc_seconds: float = Field(default=5.0, gt=0)
+    # a call that moves a sealed upload part or result part, which may be large
+    party_transfer_seconds: float = Field(default=120.0, gt=0)
     # jobs running side by side (started in submission order); capped by the smallest
     # party MPC port range, as each running job holds one port of every party
     max_concurrent_jobs: int = Field(default=1, ge=1, le=64)
