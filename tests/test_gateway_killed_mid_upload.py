@@ -190,7 +190,7 @@ def test_gateway_killed_mid_upload_leaves_no_half_upload_and_a_retry_counts_once
     # one complete upload: the data set's rows before the fault
     ds = owner.create_dataset("study")["id"]
     done = d.upload_cli("owner-a", first, ds)
-    out, err = done.communicate(timeout=120)
+    _, err = done.communicate(timeout=120)
     assert done.returncode == 0, err
     complete = set(owner.get_dataset(ds)["upload_ids"])
     assert len(complete) == 1 and owner.get_dataset(ds)["rows"] == 12
