@@ -34,7 +34,13 @@ from ppfs.jobflags import (
 from ppfs.keycert import ANCHOR_ENV, TrustAnchor
 from ppfs.table import read_csv, read_features
 from ppfs_client.keys import ClientKeys
-from ppfs_client.progress import FINAL_STATES, JobProgressView, change_line, signature
+from ppfs_client.progress import (
+    FINAL_STATES,
+    JobProgressView,
+    change_line,
+    party_summary,
+    signature,
+)
 from ppfs_client.sdk import ApiError, GatewayClient, OwnerTable, RefusedAnswer
 from ppfs_client.terminal import printable
 
@@ -530,9 +536,7 @@ def _masks_create(args: argparse.Namespace) -> int:
 
 
 def _job_line(j: dict[str, Any]) -> str:
-    parties = "  ".join(
-        f"{p['name']}: {p['state']} {100 * p['progress']:.0f}%" for p in j["parties"]
-    )
+    parties = "  ".join(party_summary(p) for p in j["parties"])
     err = f"\n  error: {j['error']}" if j["error"] else ""
     return (
         f"{j['id']}  {j['state']}  k={j['k']} m={j['m']} p={j['p']} {j['security']} "
