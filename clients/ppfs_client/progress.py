@@ -19,8 +19,8 @@ FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 def party_summary(p: dict[str, Any]) -> str:
-    """"Alice: queued 1% (compiling)": what an unfinished party does within its state (it
-    compiles the program, waits for the engine...), unless that only repeats the state."""
+    """One party, with what it does within an unfinished state unless that only repeats
+    the state: "Alice: queued 1% (compiling)", "Bob: running 40% (ranking)"."""
     shown = p.get("phase") and p["state"] not in FINAL_STATES and p["phase"] != p["state"]
     phase = f" ({p['phase']})" if shown else ""
     return f"{p['name']}: {p['state']} {100 * p['progress']:.0f}%{phase}"
