@@ -112,9 +112,10 @@ def test_submit_to_a_frozen_party_names_it_within_seconds(daemons: Stack,
 
 def test_a_party_frozen_while_the_job_runs_is_named_by_jobs_watch(tmp_path: Path,
                                                                   capsys: Any) -> None:
-    # lost after 4 s of silence: the job fails within that, plus a poll and the blame
+    # lost after 8 s of silence (polls every 1.3 s, each waiting at most 2 s): the watch
+    # shows the silence at the first unanswered poll, then the job fails naming Bob
     s = make_stack(tmp_path, cluster=DaemonCluster(3, tmp_path, engines=("mpyc",)),
-                   party_lost_seconds=4.0)
+                   party_lost_seconds=8.0)
     try:
         _, ids, _ = horizontal_setup(s, m=20, p=4)
         box = s.keys["analyst-1"].box_public_key
@@ -133,6 +134,11 @@ def test_a_party_frozen_while_the_job_runs_is_named_by_jobs_watch(tmp_path: Path
             assert rc == 1, (rc, out, err)
             assert err.strip().splitlines()[-1] == (
                 f"ppfs: error: job {job['id']} failed: lost the connection to Bob"), err
+            # while it waited, the watch said for whom
+            waiting = [line for line in out.splitlines() if "Bob: running" in line
+                       and "(no answer for " in line
+                       and " s: frozen or overloaded? The job fails at 8 s of silence)" in line]
+            assert waiting, out
             assert took < BOUND, f"the watch took {took:.0f} s"
     finally:
         s.close()

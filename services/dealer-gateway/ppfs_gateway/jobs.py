@@ -26,7 +26,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ppfs.contract import (
@@ -575,8 +575,11 @@ class JobCoordinator:
                     except NotFound:
                         await self._fail(job_id, f"{c.name} does not know the job")
                     except GatewayError:
-                        if time.monotonic() - last_ok > self.silence_seconds:
+                        silent = time.monotonic() - last_ok
+                        if silent > self.silence_seconds:
                             await self._fail(job_id, f"lost the connection to {c.name}")
+                        else:
+                            self._note_silence(job_id, c, silent)
                     next_poll = time.monotonic() + self.poll_seconds
                 if self._final(job_id):
                     break
@@ -586,6 +589,20 @@ class JobCoordinator:
             stream.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await stream
+
+    def _note_silence(self, job_id: str, c: PartyClient, silent: float) -> None:
+        """Show, as the party's phase, that it has not answered for ``silent`` seconds (a
+        frozen, overloaded or lost party), so that a watcher learns what the job waits
+        for before it fails; the party's next answer puts its own phase back."""
+        job = self.registry.get_job(job_id)
+        if job is None or job.state in FINAL_STATES:
+            return
+        now = replace(job.parties[c.index],
+                      phase=f"no answer for {silent:.0f} s: frozen or overloaded? The job "
+                            f"fails at {self.lost_seconds:g} s of silence")
+        if job.parties[c.index] != now:
+            self.registry.set_party_state(job_id, now)
+            self._notify(job_id)
 
     async def _stream(self, job_id: str, c: PartyClient) -> None:
         """Events as they happen; the polling loop covers gaps and lost streams."""
