@@ -318,7 +318,6 @@ class JobRunner:
         """Check, record (queued) and schedule the job; refusals are audited."""
         try:
             async with self._start_lock:
-                await self._check_files(desc, sha256)
                 rec, job, engine = self._accept(desc, sha256)
                 # no await between recording the job and scheduling it: a cancel that
                 # arrives now finds the task
@@ -347,26 +346,6 @@ class JobRunner:
         )
         log.info("[Party.StartJob] job=%s queued", job.job_id)
         return rec
-
-    async def _check_files(self, desc: party_pb2.JobDescription, sha256: str) -> None:
-        """Before a job is accepted: every share file of the uploads it pins that this
-        party holds, and of its mask upload, is whole and what the owner-signed manifest
-        describes. A damaged one refuses the job, naming the data set, the upload and
-        this party (DamagedUploadError), before any engine starts; the upload is set
-        aside. (Everything else about the pins is checked by :meth:`_accept`.)"""
-        if description_sha256(desc) != sha256:
-            return  # refused by _accept, naming it
-        self._check_size(desc)  # a description too large to read is refused at once
-        held = []
-        for d in desc.datasets:
-            for u in d.uploads:
-                with contextlib.suppress(NotFoundError):
-                    stored = self.store.upload(u.upload_id)
-                    if stored.manifest.dataset_id == d.dataset_id:
-                        held.append(stored)
-        with contextlib.suppress(NotFoundError):
-            held.append(self.store.upload(desc.mask_upload_id))
-        await self.store.check_intact(held)
 
     def _held_pins(self, job: JobContract) -> list[StoredUpload]:
         """The uploads the job pins, and its mask upload, that this party holds."""

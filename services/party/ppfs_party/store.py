@@ -30,7 +30,8 @@ deleted, a committed one is not used (it could only come from an older version t
 lacked these checks). An abort whose tombstone write failed midway (the tombstone may
 be on disk) refuses the id too, until a retried abort confirms the tombstone.
 
-Damaged share files: before a job is accepted (:meth:`ShareStore.check_intact`), and
+Damaged share files: when a job's inputs are read (before its engine starts; a job's
+start does not read them, so that it is answered at once and no file is read twice), and
 when asked to verify a data set (``ppfs datasets check``), every share file of the
 uploads concerned is read and checked: present, of the length its header states, its
 payload's SHA-256 the one its header states, and the header what the owner-signed
@@ -356,15 +357,6 @@ class ShareStore:
         return load_owners(self.state_dir / "owners.json")
 
     # -------------------------------------------------------------- damaged files
-    async def check_intact(self, uploads: Iterable[StoredUpload]) -> None:
-        """Read every share file of ``uploads``: DamagedUploadError naming the first
-        upload with one that is not what this party stored, after every such upload was
-        set aside."""
-        found = await self.set_aside_damaged(uploads)
-        if found:
-            stored, kind, reason = found[0]
-            raise damaged_error(stored, kind, reason)
-
     async def set_aside_damaged(self, uploads: Iterable[StoredUpload]
                                 ) -> list[tuple[StoredUpload, str, str]]:
         """The committed ``uploads`` with a damaged share file, each with the file's
