@@ -341,8 +341,9 @@ class UploadKeeper:
             for d in self.registry.decisions(pending=True, dataset_id=ds.id)
             if d.decision == "commit"
         }
+        seconds = self.rpc_seconds + (_verify_seconds(ds) if verify else 0.0)
         answers = await asyncio.gather(
-            *(c.list_uploads(ds.id, timeout=self.rpc_seconds, verify=verify)
+            *(c.list_uploads(ds.id, timeout=seconds, verify=verify)
               for c in self.parties.clients),
             return_exceptions=True,
         )
@@ -596,3 +597,16 @@ async def relay_upload(
     got = registry.get_dataset(ds.id)
     assert got is not None
     return got
+
+
+# A party asked to verify a data set reads all of its share files: give it the time to
+# read them at this rate on top of an instant answer (a large data set on a slow disk
+# is not a frozen party).
+VERIFY_BYTES_PER_SECOND = 32 << 20
+
+
+def _verify_seconds(ds: DatasetRecord) -> float:
+    """Seconds a party may take to read ``ds``'s share files: every value, and each
+    row's class indicators, as at most three 8-byte components."""
+    width = len(ds.schema.columns) + len(ds.schema.classes) if ds.schema else 2
+    return ds.rows * max(width, 2) * 24 / VERIFY_BYTES_PER_SECOND
