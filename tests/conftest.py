@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,3 +17,18 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     s = make_stack(tmp_path)
     yield s
     s.close()
+
+
+@pytest.fixture(autouse=True)
+def _logging_ends_with_its_test() -> Iterator[None]:
+    """A test that runs a daemon's command in this process (`party serve`, `gateway
+    serve`) has it configure the root logger onto that test's captured stderr; left in
+    place, every later test's log lines would go to a closed stream, each a "Logging
+    error" on the next test's stderr. Its handlers and level end with it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        if h not in handlers and not type(h).__module__.startswith("_pytest"):
+            root.removeHandler(h)
+    root.setLevel(level)
