@@ -22,6 +22,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -206,14 +207,7 @@ class ShareBundle:
         """:meth:`from_bytes` of the file's contents, read straight into the words'
         buffer: one copy of the payload in memory, however large."""
         with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            prefix = fh.read(len(MAGIC) + 4)
-            if len(prefix) == len(MAGIC) + 4 and prefix.startswith(MAGIC):
-                (hlen,) = _U32.unpack_from(prefix, len(MAGIC))
-                prefix += fh.read(min(hlen, _MAX_HEADER + 1))
-            header, start = _parse_head(prefix, size)
-            if size - start != header.payload_bytes:
-                raise ShareFormatError("share bundle payload has the wrong length")
+            header = _read_head(fh)
             flat = np.empty(header.payload_bytes // 8, dtype="<u8")
             if fh.readinto(flat.data.cast("B")) != header.payload_bytes:
                 raise ShareFormatError("share bundle payload has the wrong length")
@@ -253,19 +247,27 @@ class _Head:
                            self.frac_bits, comps)
 
 
+def _read_head(fh: BinaryIO) -> _Head:
+    """The header of the bundle file open at its start in ``fh``, which is left at the
+    payload's first byte; ShareFormatError unless the file's length is the header's."""
+    size = os.fstat(fh.fileno()).st_size
+    prefix = fh.read(len(MAGIC) + 4)
+    if len(prefix) == len(MAGIC) + 4 and prefix.startswith(MAGIC):
+        (hlen,) = _U32.unpack_from(prefix, len(MAGIC))
+        prefix += fh.read(min(hlen, _MAX_HEADER + 1))
+    header, start = _parse_head(prefix, size)
+    if size - start != header.payload_bytes:
+        raise ShareFormatError("share bundle payload has the wrong length")
+    fh.seek(start)
+    return header
+
+
 def check_bundle_file(path: Path) -> _Head:
     """The header of the bundle stored at ``path``, once its payload was read and found
     whole and unchanged (its length and its SHA-256 those the header states), read in
     chunks without holding the payload; ShareFormatError (or OSError) otherwise."""
     with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        prefix = fh.read(len(MAGIC) + 4)
-        if len(prefix) == len(MAGIC) + 4 and prefix.startswith(MAGIC):
-            (hlen,) = _U32.unpack_from(prefix, len(MAGIC))
-            prefix += fh.read(min(hlen, _MAX_HEADER + 1))
-        header, start = _parse_head(prefix, size)
-        if size - start != header.payload_bytes:
-            raise ShareFormatError("share bundle payload has the wrong length")
+        header = _read_head(fh)
         digest = hashlib.sha256()
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
