@@ -33,6 +33,7 @@ from ppfs.engines.mpyc_party import (
     make_secint,
     reconstruct_plain,
     required_prime_bits,
+    set_message_limits,
     wrap_from_top_bits,
 )
 from ppfs.errors import EngineError, EngineUnavailableError
@@ -40,7 +41,7 @@ from ppfs.fixedpoint import FixedPoint
 from ppfs.local import prepare_inputs, run_select
 from ppfs.oracle import ms_gini_top_k
 from ppfs.sharing import Scheme, ShareBundle, bundles_for_all, share
-from ppfs.step2a import Security, mirror
+from ppfs.step2a import Security, Step2AShape, mirror
 from ppfs.synthetic import make_table
 from ppfs.table import LabelledTable
 
@@ -209,6 +210,23 @@ def test_raw_wire_round_trip_and_refusals() -> None:
         RawWire.loads(b"\x80\x04K\x01.")  # a pickle stream is refused
     with pytest.raises(ValueError):
         RawWire.loads(RawWire.dumps(arr)[:-1])
+
+
+def test_raw_wire_sends_field_elements_at_the_fields_width(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a job has set its field, an array's message has the same length whatever
+    its values: a message that happened to hold only small elements used to be a word
+    per element shorter, so a party's bytes sent varied from run to run."""
+    import ppfs.engines.mpyc_party as mpyc_party
+
+    monkeypatch.setattr(RawWire, "words", 1)
+    monkeypatch.setattr(mpyc_party, "MESSAGE_LIMITS", list(mpyc_party.MESSAGE_LIMITS))
+    set_message_limits(Step2AShape(m=4, p=3, n_classes=2, k=1), 127)
+    assert RawWire.words == 2
+    small = np.array([3, 0, 1], dtype=object)
+    large = np.array([3, (1 << 126) + 1, 1], dtype=object)
+    assert len(RawWire.dumps(small)) == len(RawWire.dumps(large))
+    assert [int(v) for v in RawWire.loads(RawWire.dumps(small))] == [3, 0, 1]
 
 
 def test_parties_listen_on_loopback_only() -> None:

@@ -354,6 +354,10 @@ class RawWire:
     _INT = b"i"
     _ARR = b"a"
     _HDR = struct.Struct("<BB")  # words per value, ndim
+    # 64-bit words per value sent, set per job to those of its prime field
+    # (set_message_limits): every array of field elements goes out at this width
+    # whatever its values, so that a message's length depends on its shape alone
+    words = 1
 
     @classmethod
     def dumps(cls, obj: Any) -> bytes:
@@ -364,7 +368,7 @@ class RawWire:
             if flat.size and int(flat.min()) < 0:
                 raise ValueError("RawWire sends non-negative field elements only")
             top = int(flat.max()) if flat.size else 0
-            words = max(1, (top.bit_length() + 63) // 64)
+            words = max(cls.words, (top.bit_length() + 63) // 64)
             parts = [
                 cls._ARR,
                 cls._HDR.pack(words, obj.ndim),
@@ -509,6 +513,7 @@ MESSAGE_LIMITS = [1 << 32, 1 << 34]
 def set_message_limits(shape: Step2AShape, modulus_bits: int) -> None:
     """The limits for a job of ``shape`` over a prime of ``modulus_bits`` bits."""
     words = (modulus_bits + 63) // 64  # RawWire's 64-bit words per field element
+    RawWire.words = words
     elements = 128 * (shape.m * (shape.p + shape.n_classes) + 4096)
     most = 8 * words * elements + 1024
     MESSAGE_LIMITS[:] = [most, 4 * most]
