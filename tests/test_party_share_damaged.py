@@ -162,3 +162,30 @@ def test_datasets_check_finds_a_damaged_share_file_before_any_job(
     rc, out, err = run_cli(capsys, s, "owner-a", "datasets", "repair", ds)
     assert rc == 0 and f"re-sent upload {upload_id} to Carol" in err, out + err
     assert s.client("owner-a").check_dataset(ds)["consistent"]
+
+
+def test_datasets_check_reads_the_disk_under_a_cached_copy(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a job loads Carol's files into her bundle cache; the disk copy rots afterwards. A
+    # job may go on being served the copy checked when it was loaded, but `datasets
+    # check` is the operator asking about the disk: it reads the file, not the cache
+    s = stack
+    ds, upload_id = _study(s)
+    assert _submit(s, ds)["state"] == "succeeded"
+    stored = _carol(s) / "uploads" / upload_id / "data.shr"
+    assert s.cluster.servers[2].state.store._cache.holds(stored)
+    _damage(stored, "flipped")
+
+    rc, out, err = run_cli(capsys, s, "owner-a", "datasets", "check", ds)
+    assert rc == 1, out + err
+    line = _check_line(out, "Carol")
+    assert "damaged" in line and upload_id in line and f"ppfs datasets repair {ds}" in line, out
+    # set aside, and its cached copy with it: no job is served it any more
+    assert not (_carol(s) / "uploads" / upload_id).exists()
+    assert not s.cluster.servers[2].state.store._cache.holds(stored)
+
+    rc, out, err = run_cli(capsys, s, "owner-a", "datasets", "repair", ds)
+    assert rc == 0 and f"re-sent upload {upload_id} to Carol" in err, out + err
+    again = _submit(s, ds)
+    assert again["state"] == "succeeded", again

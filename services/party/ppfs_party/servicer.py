@@ -174,7 +174,7 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
                           ) -> party_pb2.ListUploadsResponse:
         if request.verify:  # damaged share files are set aside, then listed as damaged
             await self.state.store.set_aside_damaged(
-                self.state.store.held_uploads(request.dataset_id))
+                self.state.store.held_uploads(request.dataset_id), from_disk=True)
         held = self.state.store.listing(request.dataset_id)
         return party_pb2.ListUploadsResponse(dataset_id=request.dataset_id, uploads=[
             party_pb2.HeldUpload(upload_id=u.manifest.upload_id,

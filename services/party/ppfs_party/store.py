@@ -38,8 +38,10 @@ payload's SHA-256 the one its header states, and the header what the owner-signe
 manifest says (data set, party, scheme, kind, shape, fractional bits). An upload with a
 file that fails is set aside under ``damaged/`` (logged, audited), listed as damaged
 and used by no job, and its id is free for the owner's repair (``ppfs datasets
-repair``). A file served from the bundle cache, unchanged since it was loaded and
-checked, is not read again.
+repair``). A job is served a file from the bundle cache, unchanged since it was
+loaded and checked, without reading it again; a verify reads every file from the disk
+whatever the cache holds (bit rot leaves a file's size and times as they were), and an
+upload it sets aside leaves the cache too.
 """
 
 from __future__ import annotations
@@ -179,6 +181,13 @@ class BundleCache:
         with self._lock:
             hit = self._entries.get(path)
             return hit is not None and hit[0] == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def drop(self, path: Path) -> None:
+        """Forget the copy of ``path``, if any (its upload was set aside)."""
+        with self._lock:
+            old = self._entries.pop(path, None)
+            if old is not None:
+                self._bytes -= old[2]
 
     def load(self, path: Path) -> ShareBundle:
         st = os.stat(path)
@@ -357,13 +366,16 @@ class ShareStore:
         return load_owners(self.state_dir / "owners.json")
 
     # -------------------------------------------------------------- damaged files
-    async def set_aside_damaged(self, uploads: Iterable[StoredUpload]
+    async def set_aside_damaged(self, uploads: Iterable[StoredUpload], *,
+                                from_disk: bool = False
                                 ) -> list[tuple[StoredUpload, str, str]]:
         """The committed ``uploads`` with a damaged share file, each with the file's
-        kind and what is wrong; each is set aside (no job uses it, listed damaged)."""
+        kind and what is wrong; each is set aside (no job uses it, listed damaged).
+        ``from_disk``: read every file, also those the bundle cache holds unchanged (an
+        operator's check of the disk); otherwise a cached file counts as checked."""
         found = []
         for u in {u.manifest.upload_id: u for u in uploads}.values():
-            problem = await asyncio.to_thread(self._file_problem, u)
+            problem = await asyncio.to_thread(self._file_problem, u, from_disk)
             if problem is not None:
                 found.append((u, *problem))
         for u, kind, reason in found:
@@ -372,6 +384,9 @@ class ShareStore:
                 if self._uploads.get(uid) is not u:
                     continue  # set aside (or replaced) meanwhile
                 del self._uploads[uid]
+                if self._cache is not None:
+                    for kind in u.kinds:
+                        self._cache.drop(u.directory / f"{kind}.shr")
                 kept = await asyncio.to_thread(self._move_aside, u.directory)
                 self._damaged[uid] = StoredUpload(u.manifest, frozenset(),
                                                   kept or u.directory, None, self.party)
@@ -384,10 +399,12 @@ class ShareStore:
                               kept=kept.name if kept else "")
         return found
 
-    def _file_problem(self, u: StoredUpload) -> tuple[str, str] | None:
+    def _file_problem(self, u: StoredUpload, from_disk: bool = False
+                      ) -> tuple[str, str] | None:
         """(kind, what is wrong) of the first share file of ``u`` that is not whole or
-        not what the owner-signed manifest describes; None if all are. A file the bundle
-        cache holds unchanged is not read again: a job is served that checked copy."""
+        not what the owner-signed manifest describes; None if all are. Unless
+        ``from_disk``, a file the bundle cache holds unchanged is not read again: a job
+        is served that checked copy."""
         m = u.manifest
         if "mask" in u.kinds or (not u.kinds & {"data", "labels"} and m.recipient_public_key):
             shapes = {"mask": (m.rows, 2)}
@@ -397,7 +414,7 @@ class ShareStore:
                 shapes["labels"] = (m.rows, len(m.classes) - 1)
         for kind, shape in shapes.items():
             path = u.directory / f"{kind}.shr"
-            if self._cache is not None and self._cache.holds(path):
+            if not from_disk and self._cache is not None and self._cache.holds(path):
                 continue
             try:
                 head = check_bundle_file(path)
