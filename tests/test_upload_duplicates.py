@@ -90,6 +90,17 @@ def records(s: Stack, owner: str) -> dict[str, dict[str, Any]]:
     return kept
 
 
+def first_upload(capsys: Any, s: Stack, tmp_path: Path, seed: int, name: str
+                 ) -> tuple[Any, Path, str]:
+    """A 12-row table (``seed``) sent by owner-a into a new data set ``name``: the table,
+    its CSV and the data set's id."""
+    t = make_table(12, 3, seed=seed)
+    a = write_csv(tmp_path / "a.csv", t)
+    rc, out, err = upload(capsys, s, "owner-a", a, "--dataset", name)
+    assert rc == 0, err
+    return t, a, out.strip()
+
+
 def test_the_same_file_twice_into_a_data_set_is_refused_before_anything_is_sent(
     stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str], sent: Sent
 ) -> None:
@@ -126,11 +137,7 @@ def test_the_same_file_twice_into_a_data_set_is_refused_before_anything_is_sent(
 def test_again_adds_the_same_rows_a_second_time(
     stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    t = make_table(12, 3, seed=12)
-    a = write_csv(tmp_path / "a.csv", t)
-    rc, out, err = upload(capsys, stack, "owner-a", a, "--dataset", "twice")
-    assert rc == 0, err
-    ds = out.strip()
+    _, a, ds = first_upload(capsys, stack, tmp_path, 12, "twice")
     rc, out, err = upload(capsys, stack, "owner-a", a, "--into", ds, "--again")
     assert rc == 0, err
     assert out.strip() == ds and "24 rows in total" in err
@@ -160,11 +167,7 @@ def test_the_same_file_into_another_data_set_is_accepted(
 def test_a_different_file_into_the_same_data_set_is_accepted(
     stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    t = make_table(12, 3, seed=15)
-    a = write_csv(tmp_path / "a.csv", t)
-    rc, out, err = upload(capsys, stack, "owner-a", a, "--dataset", "growing")
-    assert rc == 0, err
-    ds = out.strip()
+    t, _, ds = first_upload(capsys, stack, tmp_path, 15, "growing")
     t.x[7, 1] += 0.5  # one value differs
     rc, _, err = upload(capsys, stack, "owner-a", write_csv(tmp_path / "b.csv", t), "--into", ds)
     assert rc == 0, err
@@ -215,11 +218,7 @@ def test_the_sdk_refuses_the_same_rows_and_a_taken_name(stack: Stack) -> None:
 def test_the_digest_is_never_sent(
     stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str], sent: Sent
 ) -> None:
-    t = make_table(12, 3, seed=19)
-    a = write_csv(tmp_path / "a.csv", t)
-    rc, out, err = upload(capsys, stack, "owner-a", a, "--dataset", "private")
-    assert rc == 0, err
-    ds = out.strip()
+    t, a, ds = first_upload(capsys, stack, tmp_path, 19, "private")
     (upload_id,) = stack.client("owner-a").get_dataset(ds)["upload_ids"]
     # a party loses its part: the repair re-sends it from the kept record
     del stack.cluster.parties[1].uploads[upload_id]
@@ -258,11 +257,7 @@ def test_the_digest_is_never_sent(
 def test_a_damaged_record_is_named_and_an_old_one_ignored(
     stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str], sent: Sent
 ) -> None:
-    t = make_table(12, 3, seed=20)
-    a = write_csv(tmp_path / "a.csv", t)
-    rc, out, err = upload(capsys, stack, "owner-a", a, "--dataset", "kept")
-    assert rc == 0, err
-    ds = out.strip()
+    _, a, ds = first_upload(capsys, stack, tmp_path, 20, "kept")
     (upload_id,) = records(stack, "owner-a")
     path = Path(f"{stack.keys['owner-a'].path}.uploads") / f"{upload_id}.sent"
     whole = path.read_bytes()
@@ -352,11 +347,7 @@ def test_the_check_reads_no_sealed_part(
     """An upload's own record holds its sealed parts (tens of MB for a large table); the
     check before each upload reads only the small digest records beside them, so that it
     costs the same however much this key file has sent."""
-    t = make_table(12, 3, seed=22)
-    a = write_csv(tmp_path / "a.csv", t)
-    rc, out, err = upload(capsys, stack, "owner-a", a, "--dataset", "big")
-    assert rc == 0, err
-    ds = out.strip()
+    _, a, ds = first_upload(capsys, stack, tmp_path, 22, "big")
     (upload_id,) = records(stack, "owner-a")
     folder = Path(f"{stack.keys['owner-a'].path}.uploads")
     (folder / f"{upload_id}.json").write_bytes(b"\xff not read")
