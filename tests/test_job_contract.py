@@ -59,6 +59,7 @@ from ppfs.step2a import Security, Step2AShape, draw_mask_words, mirror, unmask_a
 from ppfs.synthetic import make_table
 from ppfs.upload import Manifest
 from ppfs.v1 import party_pb2, party_pb2_grpc
+from ppfs.withdrawal import Withdrawal, WithdrawalReceipt
 
 Stub = party_pb2_grpc.PartyServiceStub
 
@@ -455,6 +456,39 @@ def test_cancel_while_compiling_and_before_start(tmp_path: Path,
             assert ("job.cancel", "j-cancel") in events
         assert ("job.refused", "j-cancel") in [(e["event"], e.get("job_id"))
                                                for e in w.audit(2)]
+
+    _run(tmp_path, scenario)
+
+
+def test_a_withdrawal_stops_the_jobs_that_use_its_uploads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the owner withdraws its data while a job on it compiles: every party stops the job
+    # itself (it checks the owner's signature, not the gateway's word), and a job on the
+    # data set started afterwards is refused, its upload gone
+    _slow_engines(monkeypatch, seconds=2.0)
+
+    async def scenario(w: World) -> None:
+        mask, _ = w.masks(w.shape(), "mask-w", 5)
+        await w.put(mask)
+        desc = w.job("j-withdrawn", [[w.data]], mask)
+        for s in w.stubs:
+            await s.StartJob(start_requests(desc))
+        signed = Withdrawal.now("owner-a", "ds").sign(w.dep.owners["owner-a"].key)
+        for s in w.stubs:
+            got = await s.WithdrawUploads(party_pb2.WithdrawUploadsRequest(
+                statement=signed.statement, signature=signed.signature))
+            assert WithdrawalReceipt.from_bytes(got.receipt).deleted == ("up-1",)
+        for s in w.stubs:
+            st = await s.GetJob(party_pb2.GetJobRequest(job_id="j-withdrawn"))
+            assert st.state == party_pb2.JOB_STATE_FAILED
+            assert st.failure == party_pb2.FAILURE_KIND_REFUSED
+            assert st.error == "an upload it uses was withdrawn by its owner"
+        later = w.job("j-after", [[w.data]], mask)
+        assert "up-1" in await _refusal(w.stubs[0], later)
+        for i in range(3):
+            events = [(e["event"], e.get("job_id")) for e in w.audit(i)]
+            assert ("job.cancel", "j-withdrawn") in events
 
     _run(tmp_path, scenario)
 

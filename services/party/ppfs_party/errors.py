@@ -22,6 +22,7 @@ from ppfs.errors import (
     ShareFormatError,
 )
 from ppfs.upload import UploadRejected
+from ppfs.withdrawal import WithdrawalError
 
 INTERNAL_MESSAGE = "Internal server error."
 
@@ -132,6 +133,7 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     NotFoundError: grpc.StatusCode.NOT_FOUND,
     UploadReplayedError: grpc.StatusCode.ALREADY_EXISTS,
     UploadUnauthorizedError: grpc.StatusCode.PERMISSION_DENIED,
+    WithdrawalError: grpc.StatusCode.PERMISSION_DENIED,
     CallerNotGatewayError: grpc.StatusCode.PERMISSION_DENIED,
     UploadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     UploadTimedOutError: grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -61,7 +61,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -555,7 +555,7 @@ class JobRunner:
                                    failure=FailureKind.CANCELLED.value)
             else:
                 await self._update(rec, state=FAILED, phase=FAILED, error=reason,
-                                   failure=FailureKind.RESTARTED.value)
+                                   failure=rec.failure or FailureKind.RESTARTED.value)
             self.audit.record(f"job.{rec.state}", job_id=job_id, reason=reason,
                               failure=rec.failure)
         except PpfsError as exc:
@@ -626,10 +626,12 @@ class JobRunner:
         remove_share_copies(job_dir / "engine")
 
     # -------------------------------------------------------------- cancel
-    async def cancel(self, job_id: str, reason: str = "cancelled") -> tuple[JobRecord, bool]:
+    async def cancel(self, job_id: str, reason: str = "cancelled",
+                     failure: FailureKind = FailureKind.RESTARTED) -> tuple[JobRecord, bool]:
         """Stop the job (its engine process is killed). A job not known yet is recorded
         as cancelled, so its StartJob is refused when it arrives; returns (record,
-        whether it was such a tombstone)."""
+        whether it was such a tombstone). With a ``reason`` other than "cancelled" the
+        job fails with it, as a failure of kind ``failure``."""
         job_id = check_job_id(job_id)
         async with self._start_lock:  # a start in progress completes first
             rec = self._records.get(job_id)
@@ -654,11 +656,26 @@ class JobRunner:
         task = self._tasks.get(job_id)
         if task is not None and not rec.final:
             if reason != "cancelled":
-                rec.error = reason
+                rec.error, rec.failure = reason, failure.value
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         return rec, False
+
+    async def stop_using(self, upload_ids: Iterable[str], reason: str) -> list[str]:
+        """Cancel every unfinished job that pins one of ``upload_ids`` (withdrawn by
+        their owner); the ids of the jobs stopped."""
+        gone = set(upload_ids)
+        stopped = []
+        for rec in list(self._records.values()):
+            if rec.final or rec.tombstone:
+                continue
+            desc = rec.description()
+            pinned = {u.upload_id for d in desc.datasets for u in d.uploads}
+            if pinned & gone:  # this party no longer accepts the job's inputs
+                await self.cancel(rec.job_id, reason=reason, failure=FailureKind.REFUSED)
+                stopped.append(rec.job_id)
+        return stopped
 
     async def shutdown(self) -> None:
         """Stop every unfinished job (their engine processes are killed)."""

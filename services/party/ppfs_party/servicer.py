@@ -14,6 +14,7 @@ from ppfs.contract import FailureKind, JobState
 from ppfs.errors import ParameterError
 from ppfs.upload import Manifest, UploadRejected
 from ppfs.v1 import party_pb2, party_pb2_grpc
+from ppfs.withdrawal import SignedWithdrawal
 from ppfs_party.errors import TooManyOpenCallsError, UploadTimedOutError, to_status
 from ppfs_party.jobs import JobRecord
 from ppfs_party.metrics import PartyMetrics
@@ -237,3 +238,11 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
             job_id=request.job_id, party_index=self.state.settings.index, sealed=sealed,
             signature=signature, statement=statement, statement_signature=statement_sig,
         )
+
+    @_unary
+    async def WithdrawUploads(self, request: party_pb2.WithdrawUploadsRequest,
+                              context: grpc.aio.ServicerContext[Any, Any]
+                              ) -> party_pb2.WithdrawUploadsResponse:
+        receipt, signature = await self.state.withdraw(
+            SignedWithdrawal(request.statement, request.signature))
+        return party_pb2.WithdrawUploadsResponse(receipt=receipt, receipt_signature=signature)

@@ -15,6 +15,7 @@ from ppfs.engines.mpspdz import MpSpdzEngine
 from ppfs.engines.mpyc_engine import MpycEngine
 from ppfs.engines.registry import mpspdz_home
 from ppfs.v1 import party_pb2
+from ppfs.withdrawal import SignedWithdrawal, Withdrawal, WithdrawalError, WithdrawalReceipt
 from ppfs_party.audit import AuditLog
 from ppfs_party.config import PartySettings
 from ppfs_party.jobs import JobRunner
@@ -49,6 +50,30 @@ class PartyState:
             software_version=ppfs.__version__,
             engine_versions={n: engine_version(n, s) for n in self.engines},
         )
+
+    async def withdraw(self, signed: SignedWithdrawal) -> tuple[bytes, bytes]:
+        """Carry out an owner's withdrawal, checked here against the owner's key in this
+        party's own registry: the jobs that use a covered upload stop, the uploads are
+        deleted and their ids refused from then on. The receipt, signed with this party's
+        key, and its signature; WithdrawalError for a withdrawal not carried out."""
+        asked = Withdrawal.from_bytes(signed.statement)
+        key = self.store.owners().get(asked.owner_id)
+        if key is None:
+            raise WithdrawalError(f"owner {asked.owner_id!r} is not registered at this party")
+        w = signed.verify(key)
+        covered = [u.manifest.upload_id for u in self.store.covered_uploads(w.covers)]
+        stopped = await self.jobs.stop_using(
+            covered, reason="an upload it uses was withdrawn by its owner")
+        deleted = await self.store.withdraw(w.covers)
+        self.audit.record("dataset.withdrawn", dataset_id=w.dataset_id, owner_id=w.owner_id,
+                          uploads=len(deleted), jobs_stopped=len(stopped),
+                          withdrawal_sha256=signed.digest)
+        receipt = WithdrawalReceipt(
+            withdrawal_sha256=signed.digest, party_index=self.settings.index,
+            owner_id=w.owner_id, dataset_id=w.dataset_id,
+            deleted=tuple(sorted(u.manifest.upload_id for u in deleted)),
+            held=len(self.store.covered_uploads(w.covers)))
+        return receipt.sign(self.keys.signing)
 
     def dataset_info(self, dataset_id: str) -> party_pb2.DatasetInfo:
         uploads = self.store.dataset_uploads(dataset_id)

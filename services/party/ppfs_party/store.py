@@ -57,7 +57,7 @@ import shutil
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,6 +153,11 @@ class UploadHeader:
     manifest_signature: bytes
     sealed_size: int
     staged: bool = False
+
+
+# how a withdrawal's tombstone begins (an abort's holds only the data set id): on start, a
+# directory of a withdrawn id left by a crash is deleted, not kept for the operator
+WITHDRAWN = b"withdrawn "
 
 
 class BundleCache:
@@ -291,11 +296,15 @@ class ShareStore:
         deletion; a committed one is left on disk for the operator but not used)."""
         self.aborted_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._aborted = set()
+        withdrawn: set[str] = set()
         for p in self.aborted_dir.iterdir():
             if p.name.startswith("."):  # a tombstone write cut short
                 p.unlink(missing_ok=True)
             else:
                 self._aborted.add(p.name)
+                with contextlib.suppress(OSError):
+                    if p.read_bytes().startswith(WITHDRAWN):
+                        withdrawn.add(p.name)
         self._abort_unsure = set()
         self.owners()  # a registry of owners that cannot be read stops the start here
         for where, index in ((self.uploads_dir, self._uploads), (self.staged_dir, self._staged)):
@@ -314,6 +323,12 @@ class ShareStore:
                 except (OSError, UploadRejected):
                     self._set_aside(d)
                     continue
+                if {d.name, manifest.upload_id} & withdrawn:
+                    # a withdrawal cut short between its tombstone and the deletion
+                    log.warning("[Party.store] upload=%s withdrawn by its owner: deleted",
+                                manifest.upload_id)
+                    self._discard(d)
+                    continue
                 if {d.name, manifest.upload_id} & self._aborted:
                     log.error("[Party.store] upload=%s is aborted: directory %s/%s not used",
                               manifest.upload_id, where.name, d.name)
@@ -325,9 +340,15 @@ class ShareStore:
         self._damaged = {}
         damaged = self.state_dir / "damaged"
         for d in sorted(damaged.iterdir()) if damaged.is_dir() else ():
+            if d.name.startswith(".aborted-"):  # a withdrawal's deletion cut short
+                shutil.rmtree(d, ignore_errors=True)
+                continue
             try:  # an upload set aside for a damaged share file: its manifest is whole
                 manifest = Manifest.from_bytes((d / "manifest.json").read_bytes())
             except (OSError, UploadRejected):
+                continue
+            if manifest.upload_id in withdrawn:
+                self._discard(d)
                 continue
             if manifest.upload_id not in self._uploads | self._staged:
                 self._damaged[manifest.upload_id] = StoredUpload(
@@ -542,6 +563,46 @@ class ShareStore:
         self.audit.record("upload.aborted", dataset_id=dataset_id[:128], upload_id=upload_id,
                           had_part=stored is not None)
         return "aborted"
+
+    async def withdraw(self, covers: Callable[[Manifest], bool]) -> list[StoredUpload]:
+        """Delete every upload whose manifest ``covers`` selects (an owner's withdrawal,
+        :class:`ppfs.withdrawal.Withdrawal`): committed, staged or set aside as damaged.
+        Each id is tombstoned first, so that from then on it is refused (a repair, or a
+        copy of the sealed part the gateway kept, cannot bring it back), whatever the
+        crash point; then it leaves the index and the bundle cache, and its directory is
+        deleted. Returns the uploads deleted now (none when asked again)."""
+        async with self._lock:
+            doomed = self.covered_uploads(covers)
+            for u in doomed:
+                uid = u.manifest.upload_id
+                if uid not in self._aborted:
+                    try:
+                        await asyncio.to_thread(
+                            write_durable, self.aborted_dir / uid,
+                            WITHDRAWN + u.manifest.dataset_id[:128].encode())
+                    except BaseException as exc:
+                        self._abort_unsure.add(uid)
+                        if isinstance(exc, OSError):
+                            raise storage_error(exc, "recording the withdrawal") from None
+                        raise
+                    self._aborted.add(uid)
+                    self._abort_unsure.discard(uid)
+                for where in (self._uploads, self._staged, self._damaged):
+                    where.pop(uid, None)
+                if self._cache is not None:
+                    for kind in u.kinds:
+                        self._cache.drop(u.directory / f"{kind}.shr")
+            for u in doomed:
+                await asyncio.to_thread(self._discard, u.directory)
+        for u in doomed:
+            self.audit.record("upload.withdrawn", dataset_id=u.manifest.dataset_id,
+                              upload_id=u.manifest.upload_id, owner_id=u.manifest.owner_id)
+        return doomed
+
+    def covered_uploads(self, covers: Callable[[Manifest], bool]) -> list[StoredUpload]:
+        """The uploads held here (committed, staged or damaged) ``covers`` selects."""
+        return [u for where in (self._uploads, self._staged, self._damaged)
+                for u in where.values() if covers(u.manifest)]
 
     def _discard(self, directory: Path) -> None:
         """Delete an aborted part: renamed to a dot-name first (cleared on start), so a

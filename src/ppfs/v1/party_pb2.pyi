@@ -413,3 +413,19 @@ class SealedResultPart(_message.Message):
     statement: bytes
     statement_signature: bytes
     def __init__(self, job_id: _Optional[str] = ..., party_index: _Optional[int] = ..., sealed: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., statement: _Optional[bytes] = ..., statement_signature: _Optional[bytes] = ...) -> None: ...
+
+class WithdrawUploadsRequest(_message.Message):
+    __slots__ = ("statement", "signature")
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    statement: bytes
+    signature: bytes
+    def __init__(self, statement: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class WithdrawUploadsResponse(_message.Message):
+    __slots__ = ("receipt", "receipt_signature")
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    receipt: bytes
+    receipt_signature: bytes
+    def __init__(self, receipt: _Optional[bytes] = ..., receipt_signature: _Optional[bytes] = ...) -> None: ...

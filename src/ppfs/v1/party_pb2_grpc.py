@@ -89,6 +89,11 @@ class PartyServiceStub:
                 request_serializer=ppfs_dot_v1_dot_party__pb2.FetchResultPartRequest.SerializeToString,
                 response_deserializer=ppfs_dot_v1_dot_party__pb2.SealedResultPart.FromString,
                 _registered_method=True)
+        self.WithdrawUploads = channel.unary_unary(
+                '/ppfs.v1.PartyService/WithdrawUploads',
+                request_serializer=ppfs_dot_v1_dot_party__pb2.WithdrawUploadsRequest.SerializeToString,
+                response_deserializer=ppfs_dot_v1_dot_party__pb2.WithdrawUploadsResponse.FromString,
+                _registered_method=True)
 
 
 class PartyServiceServicer:
@@ -177,6 +182,17 @@ class PartyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WithdrawUploads(self, request, context):
+        """Carry out a data owner's signed withdrawal (ppfs.withdrawal): delete every upload
+        the owner made into the data set and signed at or before the withdrawal (committed,
+        staged or set aside as damaged), refuse their ids from then on and stop the jobs
+        that use one. The party checks the owner's signature itself, against its own
+        registry of owners; it answers with a receipt signed by its own key. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -234,6 +250,11 @@ def add_PartyServiceServicer_to_server(servicer, server):
                     servicer.FetchResultPart,
                     request_deserializer=ppfs_dot_v1_dot_party__pb2.FetchResultPartRequest.FromString,
                     response_serializer=ppfs_dot_v1_dot_party__pb2.SealedResultPart.SerializeToString,
+            ),
+            'WithdrawUploads': grpc.unary_unary_rpc_method_handler(
+                    servicer.WithdrawUploads,
+                    request_deserializer=ppfs_dot_v1_dot_party__pb2.WithdrawUploadsRequest.FromString,
+                    response_serializer=ppfs_dot_v1_dot_party__pb2.WithdrawUploadsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -533,6 +554,33 @@ class PartyService:
             '/ppfs.v1.PartyService/FetchResultPart',
             ppfs_dot_v1_dot_party__pb2.FetchResultPartRequest.SerializeToString,
             ppfs_dot_v1_dot_party__pb2.SealedResultPart.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WithdrawUploads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ppfs.v1.PartyService/WithdrawUploads',
+            ppfs_dot_v1_dot_party__pb2.WithdrawUploadsRequest.SerializeToString,
+            ppfs_dot_v1_dot_party__pb2.WithdrawUploadsResponse.FromString,
             options,
             channel_credentials,
             insecure,
