@@ -164,6 +164,17 @@ class PartyClient:
         except aio.AioRpcError as exc:
             raise self._error(exc, "ListUploads", seconds) from None
 
+    async def withdraw(self, statement: bytes, signature: bytes
+                       ) -> pb.WithdrawUploadsResponse:
+        """Relay an owner's signed withdrawal; the party's signed receipt. The party
+        deletes the files of the uploads it covers: it gets a transfer's time."""
+        try:
+            return await self.stub.WithdrawUploads(
+                pb.WithdrawUploadsRequest(statement=statement, signature=signature),
+                timeout=self.transfer_seconds)
+        except aio.AioRpcError as exc:
+            raise self._error(exc, "WithdrawUploads", self.transfer_seconds) from None
+
     async def start_job(self, req: pb.StartJobRequest) -> pb.StartJobResponse:
         try:
             return await self.stub.StartJob(req, timeout=self.rpc_seconds)
