@@ -105,6 +105,18 @@ def add_commands(sub: Any) -> None:
     repair.add_argument("dataset_id")
     _conn_args(repair)
     repair.set_defaults(func=_datasets_repair)
+    withdraw = dsub.add_parser(
+        "withdraw",
+        help="(owner) delete every upload you made into a data set from every party",
+        description="Sign with your key a withdrawal of every upload you made into DATASET "
+        "up to now. The gateway relays it; each party checks your signature itself, "
+        "deletes those uploads, refuses their ids from then on, stops its jobs that use "
+        "one, and answers with a receipt signed by its certified key, which this command "
+        "checks. Exit 0 only when every party confirmed; safe to run again.",
+    )
+    withdraw.add_argument("dataset_id")
+    _conn_args(withdraw)
+    withdraw.set_defaults(func=_datasets_withdraw)
     consent = dsub.add_parser(
         "consent",
         help="(owner) let a recipient learn the selection (and model) of jobs on your data",
@@ -458,6 +470,29 @@ def _datasets_repair(args: argparse.Namespace) -> int:
         print("nothing of yours to repair", file=sys.stderr)
     _out(args, c, _check_text(c))
     return 0 if c["consistent"] else EXIT_FAILED
+
+
+@_guard
+def _datasets_withdraw(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    with _client(args) as client:
+        w = client.withdraw(keys, args.dataset_id)
+    for name, deleted in w.confirmed:
+        now = f"deleted {len(deleted)} upload(s) now" if deleted else "nothing left to delete"
+        print(f"{name}: confirmed by its signed receipt ({now})", file=sys.stderr)
+    for name, why in w.unconfirmed:
+        print(f"{name}: NOT confirmed: {why}", file=sys.stderr)
+    if w.unconfirmed:
+        names = ", ".join(n for n, _ in w.unconfirmed)
+        print(f"ppfs: {names} may still hold your uploads of {w.dataset_id}: run `ppfs "
+              f"datasets withdraw {w.dataset_id}` again once reachable", file=sys.stderr)
+    _out(args, {"dataset_id": w.dataset_id,
+                "confirmed": [{"party": n, "deleted": list(d)} for n, d in w.confirmed],
+                "unconfirmed": [{"party": n, "reason": r} for n, r in w.unconfirmed],
+                "removed": list(w.removed)},
+         f"withdrew your uploads of {w.dataset_id} at {len(w.confirmed)} of "
+         f"{len(w.confirmed) + len(w.unconfirmed)} parties")
+    return EXIT_FAILED if w.unconfirmed else 0
 
 
 def _public_key(text: str) -> bytes:

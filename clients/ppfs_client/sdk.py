@@ -50,6 +50,7 @@ from ppfs.keycert import NoTrustAnchor, TrustAnchor, UntrustedPartyKey, verify_p
 from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.step2a import draw_mask_words, unmask_all
 from ppfs.upload import SIGNED_AT_FORMAT, Manifest, pack_bundles, seal, sign_manifest
+from ppfs.withdrawal import ReceiptRejected, Withdrawal, open_receipt
 from ppfs_client.keys import ClientKeys
 from ppfs_client.sent import RepeatedUpload as RepeatedUpload  # an owner's refusal
 from ppfs_client.sent import (
@@ -140,6 +141,18 @@ class PartyInfo:
     signing_public_key: bytes
     mpc_address: str
     engines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """What became of an owner's withdrawal: the parties whose signed receipt confirms
+    it (with the uploads each deleted now), the parties not confirmed and why, and the
+    uploads the gateway says it took out of its record."""
+
+    dataset_id: str
+    confirmed: tuple[tuple[str, tuple[str, ...]], ...]
+    unconfirmed: tuple[tuple[str, str], ...]
+    removed: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -594,6 +607,42 @@ class GatewayClient:
                 )
                 done.append((upload_id, p["name"]))
         return done
+
+    def withdraw(self, keys: ClientKeys, dataset_id: str,
+                 deployment: Deployment | None = None) -> Withdrawn:
+        """Withdraw every upload this owner made into the data set up to now: signed
+        with the owner's key, relayed by the gateway, carried out by each party, which
+        checks the signature itself. Each party's receipt is checked against its
+        certified key (the gateway cannot forge one): a party is confirmed only by its
+        own signed receipt stating it holds none of those uploads. Asking again is safe
+        (a party that confirmed deletes nothing more)."""
+        dep = deployment or self.deployment()
+        signed = Withdrawal.now(keys.subject, dataset_id).sign(keys.signing)
+        got = _as_object(self._call(
+            "POST", f"/v1/datasets/{dataset_id}/withdraw",
+            {"statement": base64.b64encode(signed.statement).decode(),
+             "signature": base64.b64encode(signed.signature).decode()}), "a withdrawal")
+        answers: dict[int, dict[str, Any]] = {}
+        for a in got.get("parties", []):
+            if isinstance(a, dict) and isinstance(a.get("index"), int):
+                answers.setdefault(a["index"], a)
+        confirmed, unconfirmed = [], []
+        for party in dep.parties:
+            a = answers.get(party.index, {})
+            try:
+                receipt = open_receipt(
+                    signed, party.index, party.name, party.signing_public_key,
+                    base64.b64decode(str(a.get("receipt", ""))),
+                    base64.b64decode(str(a.get("receipt_signature", ""))))
+            except (ReceiptRejected, binascii.Error, ValueError) as exc:
+                said = str(a.get("error", ""))[:300]
+                why = said if said and not a.get("receipt") else str(exc)
+                unconfirmed.append((party.name, why or "no answer"))
+                continue
+            confirmed.append((party.name, receipt.deleted))
+        removed = got.get("removed", [])
+        return Withdrawn(dataset_id, tuple(confirmed), tuple(unconfirmed),
+                         tuple(str(u) for u in removed) if isinstance(removed, list) else ())
 
     # -- what a result recipient does ------------------------------------------------
 

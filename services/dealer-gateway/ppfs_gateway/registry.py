@@ -459,6 +459,23 @@ class Registry:
             db.execute("UPDATE uploads SET signed_at = ? WHERE id = ? AND signed_at = ''",
                        (signed_at, upload_id))
 
+    def withdraw_uploads(self, dataset_id: str, owner_id: str, signed_at: str) -> list[str]:
+        """An owner's withdrawal: its uploads of the data set signed at or before
+        ``signed_at`` (or recorded without a signed time) leave the data set and its row
+        count, in one transaction; their ids stay used (upload_decisions keeps them).
+        The ids removed, in order."""
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT id, rows FROM uploads WHERE dataset_id = ? AND owner_id = ?"
+                " AND (signed_at = '' OR signed_at <= ?) ORDER BY signed_at, id",
+                (dataset_id, owner_id, signed_at),
+            ).fetchall()
+            for r in rows:
+                db.execute("DELETE FROM uploads WHERE id = ?", (r[0],))
+            db.execute("UPDATE datasets SET rows = rows - ? WHERE id = ?",
+                       (sum(int(r[1]) for r in rows), dataset_id))
+            return [r[0] for r in rows]
+
     def upload_pins(self, dataset_id: str) -> list[tuple[str, str, int]]:
         """(upload id, manifest SHA-256, rows) of every upload of a data set, in order."""
         with self._lock:

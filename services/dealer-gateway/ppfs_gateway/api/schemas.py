@@ -159,6 +159,26 @@ class UploadRepair(Strict):
     part: Base64 = Field(description="that party's original sealed part")
 
 
+class WithdrawalCreate(Strict):
+    statement: Base64 = Field(description="the owner's withdrawal (ppfs.withdrawal.Withdrawal)")
+    signature: Base64 = Field(description="its Ed25519 signature by the owner")
+
+
+class PartyReceiptOut(BaseModel):
+    index: int
+    name: str
+    receipt: str = Field(description="the party's receipt, base64 (empty if none came)")
+    receipt_signature: str = Field(description="its signature by the party's key, base64")
+    error: str = Field(description="why the party gave no receipt, if it gave none")
+
+
+class WithdrawalOut(BaseModel):
+    dataset_id: str
+    withdrawal_sha256: str
+    removed: list[str] = Field(description="uploads taken out of the gateway's record now")
+    parties: list[PartyReceiptOut]
+
+
 class GrantCreate(Strict):
     subject: Identifier
 

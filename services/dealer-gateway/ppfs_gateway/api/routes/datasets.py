@@ -23,10 +23,14 @@ from ppfs_gateway.api.schemas import (
     GrantOut,
     HeldUploadOut,
     PartyHoldingOut,
+    PartyReceiptOut,
     RecordedUploadOut,
     UploadCreate,
     UploadRepair,
+    WithdrawalCreate,
+    WithdrawalOut,
     b64decode,
+    b64encode,
 )
 from ppfs_gateway.core.config import Role
 from ppfs_gateway.errors import Conflict, Forbidden, InvalidRequest
@@ -39,6 +43,7 @@ from ppfs_gateway.uploads import (
     relay_upload,
     visible_dataset,
 )
+from ppfs_gateway.withdrawals import relay_withdrawal
 
 # consents one owner may keep for one data set (each a few hundred bytes, relayed with
 # every job on the data set)
@@ -194,6 +199,24 @@ async def repair_upload(
         b64decode(body.part, "part"),
     )
     return check_out(check)
+
+
+@router.post("/v1/datasets/{dataset_id}/withdraw", response_model=WithdrawalOut)
+async def withdraw(
+    dataset_id: str, body: WithdrawalCreate, who: PrincipalDep, jobs: JobsDep
+) -> WithdrawalOut:
+    """Relay an owner's signed withdrawal of its uploads of the data set to every party;
+    each party's signed receipt, or why it gave none."""
+    ds = visible_dataset(jobs.registry, dataset_id, who)
+    async with jobs.uploads.lock(ds.id):  # not while an upload to it is being decided
+        out = await relay_withdrawal(
+            jobs.registry, jobs.parties, ds, who, b64decode(body.statement, "statement"),
+            b64decode(body.signature, "signature"))
+    return WithdrawalOut(
+        dataset_id=ds.id, withdrawal_sha256=out.withdrawal_sha256, removed=list(out.removed),
+        parties=[PartyReceiptOut(index=a.index, name=a.name, receipt=b64encode(a.receipt),
+                                 receipt_signature=b64encode(a.receipt_signature),
+                                 error=a.error) for a in out.parties])
 
 
 def consent_out(c: ConsentRecord) -> ConsentOut:
