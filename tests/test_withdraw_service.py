@@ -205,3 +205,32 @@ def test_the_gateway_relays_only_the_callers_own_withdrawal(stack: Stack) -> Non
     for i in range(3):  # nothing reached a party
         assert set(_held_at(s, i, ds)) == {*mine, *theirs}
     assert s.client("owner-a").get_dataset(ds)["rows"] == 40
+
+
+def test_the_registry_drops_a_withdrawn_uploads_rows_and_pending_commits(
+    tmp_path: Path,
+) -> None:
+    from ppfs_gateway.registry import DatasetSchema, Registry
+
+    schema = DatasetSchema(("a",), (0,), "y", ("no", "yes"), 16, "rep3")
+    reg = Registry(tmp_path / "registry.db")
+    reg.create_dataset("ds", "d", "owner-a", "data")
+    for uid, owner, rows, at in (("u-1", "owner-a", 3, "2025-01-01T00:00:00.000000Z"),
+                                 ("u-2", "owner-b", 2, "2025-01-02T00:00:00.000000Z"),
+                                 ("u-3", "owner-a", 4, "2025-01-03T00:00:00.000000Z"),
+                                 ("u-4", "owner-a", 5, "2025-01-05T00:00:00.000000Z")):
+        reg.stage_upload("ds", uid, 3)
+        reg.commit_upload("ds", uid, owner, schema, rows, uid * 16, at)
+    for p in range(3):  # every commit acknowledged but u-3's at Carol
+        for uid in ("u-1", "u-2", "u-3", "u-4"):
+            if (uid, p) != ("u-3", 2):
+                reg.decision_done(uid, p)
+    # owner-a's withdrawal signed on 4 January: u-1 and u-3, not its later u-4
+    assert reg.withdraw_uploads("ds", "owner-a", "2025-01-04T00:00:00.000000Z") == [
+        "u-1", "u-3"]
+    got = reg.get_dataset("ds")
+    assert got is not None and got.upload_ids == ("u-2", "u-4") and got.rows == 7
+    assert reg.decisions(pending=True) == []  # u-3's commit is not sent to Carol any more
+    assert reg.upload_exists("u-1") and reg.upload_exists("u-3")  # ids stay used
+    assert reg.withdraw_uploads("ds", "owner-a", "2025-01-04T00:00:00.000000Z") == []
+    reg.close()

@@ -462,8 +462,8 @@ class Registry:
     def withdraw_uploads(self, dataset_id: str, owner_id: str, signed_at: str) -> list[str]:
         """An owner's withdrawal: its uploads of the data set signed at or before
         ``signed_at`` (or recorded without a signed time) leave the data set and its row
-        count, in one transaction; their ids stay used (upload_decisions keeps them).
-        The ids removed, in order."""
+        count, and their decisions not yet acknowledged are dropped, in one transaction;
+        their ids stay used (upload_decisions keeps them). The ids removed, in order."""
         with self._tx() as db:
             rows = db.execute(
                 "SELECT id, rows FROM uploads WHERE dataset_id = ? AND owner_id = ?"
@@ -472,6 +472,11 @@ class Registry:
             ).fetchall()
             for r in rows:
                 db.execute("DELETE FROM uploads WHERE id = ?", (r[0],))
+                # a commit not yet acknowledged is not sent any more: the withdrawal
+                # covers the party's staged part as well
+                db.execute(
+                    "UPDATE upload_decisions SET done = 1, error = 'withdrawn by its owner',"
+                    " updated_at = ? WHERE upload_id = ? AND done = 0", (now(), r[0]))
             db.execute("UPDATE datasets SET rows = rows - ? WHERE id = ?",
                        (sum(int(r[1]) for r in rows), dataset_id))
             return [r[0] for r in rows]
