@@ -202,7 +202,16 @@ def test_the_gateway_relays_only_the_callers_own_withdrawal(stack: Stack) -> Non
         a._call("POST", f"/v1/datasets/{ds}/withdraw",
                 {"statement": base64.b64encode(b"{}").decode(), "signature": ""})
     assert info.value.status == 422 and "malformed" in str(info.value)
-    for i in range(3):  # nothing reached a party
+    # the owner's token without the owner's key: every party refuses, nothing is removed
+    stolen = Withdrawal.now("owner-a", ds).sign(SigningKey.generate())
+    got = a._call("POST", f"/v1/datasets/{ds}/withdraw", {
+        "statement": base64.b64encode(stolen.statement).decode(),
+        "signature": base64.b64encode(stolen.signature).decode()})
+    assert got["removed"] == [] and all(
+        not p["receipt"] and "not signed by the key registered" in p["error"]
+        for p in got["parties"]), got
+    assert a.get_dataset(ds)["upload_ids"] == s.client("owner-b").get_dataset(ds)["upload_ids"]
+    for i in range(3):  # nothing deleted at any party
         assert set(_held_at(s, i, ds)) == {*mine, *theirs}
     assert s.client("owner-a").get_dataset(ds)["rows"] == 40
 

@@ -4,8 +4,9 @@ The gateway cannot withdraw anything itself: each party deletes only what the ow
 signature covers, checked against its own registry of owners, and answers with a
 receipt signed by its own key, which the owner's client checks. The gateway's part is
 to relay the statement to every party at once, to hand back each party's receipt or
-why there is none, and to take the covered uploads out of its own record, so that no
-job it schedules pins them any more. A party that was not reached keeps its copy until
+why there is none, and, once a party has carried it out (it checked the owner's
+signature), to take the covered uploads out of its own record, so that no job it
+schedules pins them any more. A party that was not reached keeps its copy until
 the owner asks again (a withdrawal is idempotent): the owner's client names it.
 """
 
@@ -63,9 +64,11 @@ async def relay_withdrawal(registry: Registry, parties: Parties, ds: DatasetReco
         return PartyAnswer(i, c.name, got.receipt, got.receipt_signature)
 
     answers = await asyncio.gather(*(one(i) for i in range(len(parties))))
-    # out of the gateway's record whatever the parties answered: the owner signed it,
-    # and a job pinning an upload some party has deleted could not run anyway
-    removed = registry.withdraw_uploads(ds.id, w.owner_id, w.signed_at)
+    # out of the gateway's record once a party carried it out, which it does only on the
+    # owner's signature (a stolen token alone withdraws nothing), whatever the others
+    # answered: a job pinning an upload some party has deleted could not run anyway
+    removed = (registry.withdraw_uploads(ds.id, w.owner_id, w.signed_at)
+               if any(a.receipt for a in answers) else [])
     log.info("[Gateway.Withdraw] dataset=%s owner=%s uploads removed=%d parties "
              "answered=%d/%d", ds.id, w.owner_id, len(removed),
              sum(not a.error for a in answers), len(answers))
