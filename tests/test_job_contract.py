@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ import grpc
 import numpy as np
 import pytest
 from nacl.public import PrivateKey
+from nacl.signing import SigningKey
 from party_harness import (
     Deployment,
     SealedUpload,
@@ -34,17 +36,22 @@ from party_harness import (
 )
 from party_runs import party_specs, run_every_party
 from ppfs_party import state as party_state
+from ppfs_party.errors import CorruptStateError
+from ppfs_party.revocations import RevocationBook
 from ppfs_party.server import start_party_server
 from procs import processes_in
 
 from ppfs.contract import (
     STORED_CONTRACT_VERSIONS,
+    TIME_FORMAT,
     Combination,
+    Consent,
     FailureKind,
     JobContract,
     JobState,
     PinnedDataset,
     PinnedUpload,
+    Reveal,
     description_sha256,
     failure_kind,
     service_shape,
@@ -59,7 +66,7 @@ from ppfs.step2a import Security, Step2AShape, draw_mask_words, mirror, unmask_a
 from ppfs.synthetic import make_table
 from ppfs.upload import Manifest
 from ppfs.v1 import party_pb2, party_pb2_grpc
-from ppfs.withdrawal import Withdrawal, WithdrawalReceipt
+from ppfs.withdrawal import Revocation, RevocationReceipt, Withdrawal, WithdrawalReceipt
 
 Stub = party_pb2_grpc.PartyServiceStub
 
@@ -491,6 +498,86 @@ def test_a_withdrawal_stops_the_jobs_that_use_its_uploads(
             assert ("job.cancel", "j-withdrawn") in events
 
     _run(tmp_path, scenario)
+
+
+def test_a_revoked_consent_stops_and_refuses_the_jobs_that_rely_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # owner-a revokes its consents to the recipient while a job on them compiles: every
+    # party keeps the revocation (checked against owner-a's key, not the gateway's word),
+    # stops the job and refuses one relying on a consent given before; a consent given
+    # afterwards counts again
+    _slow_engines(monkeypatch, seconds=2.0)
+
+    async def scenario(w: World) -> None:
+        owner = w.dep.owners["owner-a"]
+        rec_key = bytes(w.recipient.public_key)
+        before = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)).strftime(TIME_FORMAT)
+        old = Consent("owner-a", "ds", "recipient", rec_key, Reveal.SELECTION,
+                      created_at=before).sign(owner.key)
+        mask, _ = w.masks(w.shape(), "mask-r1", 6)
+        await w.put(mask)
+        running = w.job("j-revoked", [[w.data]], mask)
+        for st in w.stubs:
+            await st.StartJob(start_requests(running))
+        signed = Revocation.now("owner-a", "ds", "recipient").sign(owner.key)
+        forged = Revocation.now("owner-a", "ds", "recipient").sign(SigningKey.generate())
+        for st in w.stubs:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await st.RevokeConsents(party_pb2.RevokeConsentsRequest(
+                    statement=forged.statement, signature=forged.signature))
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "not signed by the key registered" in (info.value.details() or "")
+        for st in w.stubs:
+            got = await st.RevokeConsents(party_pb2.RevokeConsentsRequest(
+                statement=signed.statement, signature=signed.signature))
+            receipt = RevocationReceipt.from_bytes(got.receipt)
+            assert (receipt.recipient, receipt.jobs_stopped) == ("recipient", 1)
+        for st in w.stubs:
+            job = await st.GetJob(party_pb2.GetJobRequest(job_id="j-revoked"))
+            assert job.state == party_pb2.JOB_STATE_FAILED
+            assert job.failure == party_pb2.FAILURE_KIND_REFUSED
+            assert job.error == "a consent it relies on was revoked by its owner"
+        # a job relying on a consent given before the revocation: refused, naming it
+        mask2, _ = w.masks(w.shape(), "mask-r2", 7)
+        await w.put(mask2)
+        refused = describe_job(
+            "j-old-consent", [[w.data]], mask=mask2, k=1, security="passive-3pc",
+            engine="mpyc", recipient_public_key=rec_key, peers=w.dep.peer_addresses(),
+            consents=[old])
+        assert "its owner revoked its consent" in await _refusal(w.stubs[1], refused)
+        # the owner consents again, in a later second than the revocation (a consent
+        # states its time to the second): the job runs
+        await asyncio.sleep(1.05)
+        again = w.job("j-new-consent", [[w.data]], mask2)
+        for st in w.stubs:
+            await st.StartJob(start_requests(again))
+        for st in w.stubs:
+            assert (await watch_to_end(st, "j-new-consent")).state == \
+                party_pb2.JOB_STATE_SUCCEEDED
+
+    _run(tmp_path, scenario)
+
+
+def test_a_kept_revocation_survives_a_restart_and_a_damaged_one_stops_the_start(
+    tmp_path: Path,
+) -> None:
+    owner = SigningKey.generate()
+    signed = Revocation.now("owner-a", "ds", "recipient").sign(owner)
+    consent = Consent("owner-a", "ds", "recipient", bytes(32), Reveal.SELECTION,
+                      created_at="2025-01-01T00:00:00Z")
+    later = dataclasses.replace(consent, created_at="2999-01-01T00:00:00Z")
+    book = RevocationBook(tmp_path)
+    book.open()
+    book.keep(signed, signed.verify(bytes(owner.verify_key)))
+    again = RevocationBook(tmp_path)
+    again.open()
+    assert again.covers(consent) and not again.covers(later)
+    assert not again.covers(dataclasses.replace(consent, recipient="someone-else"))
+    (kept,) = (tmp_path / "revoked").glob("*.json")
+    kept.write_bytes(kept.read_bytes()[:20])
+    with pytest.raises(CorruptStateError, match="would count again"):
+        RevocationBook(tmp_path).open()
 
 
 # ------------------------------------------------------------------ two jobs, one session

@@ -42,7 +42,7 @@ import enum
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -430,6 +430,7 @@ class SignedConsent:
 def check_consents(
     job: JobContract, upload_owners: Mapping[str, Sequence[str]], owner_keys: Mapping[str, bytes],
     mask_owner: str, mask_recipient_key: bytes, used: Mapping[str, int] | None = None,
+    revoked: Callable[[Consent], bool] | None = None,
 ) -> list[str]:
     """A party's own authorisation of a job: for every data set, every owner of a
     pinned upload (``upload_owners``: data set id -> owner ids, from the manifests the
@@ -442,7 +443,9 @@ def check_consents(
     :attr:`SignedConsent.digest`). An owner's consent without a limit is relied on
     first; otherwise one of its limited consents with a job left (the lowest digest).
     Returns the digests of the limited consents the job spends, one per owner and data
-    set that needs one: the caller records them with the job it accepts."""
+    set that needs one: the caller records them with the job it accepts. A consent
+    ``revoked`` selects (its owner revoked it, :class:`ppfs.withdrawal.Revocation`)
+    counts for nothing."""
     if not job.recipient:
         raise ConsentError("the job names no recipient")
     if mask_owner != job.recipient or mask_recipient_key != job.recipient_public_key:
@@ -454,6 +457,7 @@ def check_consents(
     valid: set[tuple[str, str]] = set()  # without a limit
     limited: dict[tuple[str, str], list[str]] = {}  # digests with a job left
     expired: set[tuple[str, str]] = set()
+    withdrawn: set[tuple[str, str]] = set()  # revoked by its owner
     spent: dict[tuple[str, str], int] = {}  # its limit, all used
     for sc in dict.fromkeys(job.consents):  # one consent relayed many times counts once
         c = sc.consent
@@ -465,7 +469,9 @@ def check_consents(
                 or not c.reveal.covers(job.training is not None):
             continue
         who = (c.owner_id, c.dataset_id)
-        if c.expired():
+        if revoked is not None and revoked(c):
+            withdrawn.add(who)
+        elif c.expired():
             expired.add(who)
         elif not c.max_jobs:
             valid.add(who)
@@ -478,7 +484,9 @@ def check_consents(
         if who in spent:
             n = spent[who]
             return f" (its consent allows {n} job{'s' if n > 1 else ''}, all used)"
-        return " (its consent has expired)" if who in expired else ""
+        if who in expired:
+            return " (its consent has expired)"
+        return " (its owner revoked its consent)" if who in withdrawn else ""
 
     needed = [(o, ds) for ds, owners in upload_owners.items() for o in sorted(set(owners))]
     missing = [f"{o!r} for data set {ds!r}{why((o, ds))}" for o, ds in needed

@@ -76,6 +76,7 @@ from ppfs.contract import (
     JobState,
     Plan,
     ResultStatement,
+    SignedConsent,
     check_consents,
     check_request,
     description_sha256,
@@ -88,6 +89,7 @@ from ppfs.engines.registry import remove_share_copies
 from ppfs.errors import EngineUnavailableError, ParameterError, PpfsError
 from ppfs.step2a import Security, Step2AShape
 from ppfs.v1 import party_pb2
+from ppfs.withdrawal import Revocation, RevocationReceipt, SignedRevocation, WithdrawalError
 from ppfs_party.audit import AuditLog
 from ppfs_party.combine import PinnedInputsError, assemble, pinned_plan
 from ppfs_party.config import PartySettings
@@ -104,6 +106,7 @@ from ppfs_party.errors import (
 )
 from ppfs_party.keys import PartyKeys, fingerprint
 from ppfs_party.metrics import PartyMetrics
+from ppfs_party.revocations import RevocationBook
 from ppfs_party.store import MAX_TOMBSTONES, ShareStore, StoredUpload, check_job_id
 
 log = logging.getLogger("ppfs.party")
@@ -213,6 +216,7 @@ class JobRunner:
         self.jobs_dir = settings.state_dir / "jobs"
         self._records: dict[str, JobRecord] = {}
         self._consent_uses: collections.Counter[str] = collections.Counter()
+        self.revocations = RevocationBook(settings.state_dir)  # consents owners revoked
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._changed: dict[str, asyncio.Condition] = {}
         self._version: dict[str, int] = {}
@@ -230,6 +234,7 @@ class JobRunner:
     # -------------------------------------------------------------- records
     def open(self) -> None:
         """Load job records; a job that was queued or running did not survive."""
+        self.revocations.open()
         self.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         for f in self.jobs_dir.glob(".*.tmp"):
             f.unlink(missing_ok=True)
@@ -417,6 +422,7 @@ class JobRunner:
              for ds, ups in zip(job.datasets, found, strict=True)},
             owners, mask.manifest.owner_id,
             base64.b64decode(mask.manifest.recipient_public_key), self._consent_uses,
+            revoked=self.revocations.covers,
         )
         # the parameters are the recipient's, not the gateway's: signed by the recipient
         check_request(job, owners.get(job.recipient))
@@ -676,6 +682,32 @@ class JobRunner:
                 await self.cancel(rec.job_id, reason=reason, failure=FailureKind.REFUSED)
                 stopped.append(rec.job_id)
         return stopped
+
+    async def revoke(self, signed: SignedRevocation) -> RevocationReceipt:
+        """Keep an owner's revocation of its consents, checked here against the owner's
+        key in this party's own registry, and stop the unfinished jobs that rely on a
+        consent it covers; the receipt (unsigned). WithdrawalError if not carried out."""
+        asked = Revocation.from_bytes(signed.statement)
+        key = self.store.owners().get(asked.owner_id)
+        if key is None:
+            raise WithdrawalError(f"owner {asked.owner_id!r} is not registered at this party")
+        r = signed.verify(key)
+        async with self._start_lock:  # no job is accepted on a consent while it is kept
+            await asyncio.to_thread(self.revocations.keep, signed, r)
+        stopped = []
+        for rec in list(self._records.values()):
+            if rec.final or rec.tombstone:
+                continue
+            if any(r.covers(SignedConsent(c.statement, c.signature).consent)
+                   for c in rec.description().consents):
+                await self.cancel(rec.job_id, reason="a consent it relies on was revoked by "
+                                  "its owner", failure=FailureKind.REFUSED)
+                stopped.append(rec.job_id)
+        self.audit.record("consent.revoked", dataset_id=r.dataset_id, owner_id=r.owner_id,
+                          recipient=r.recipient, jobs_stopped=len(stopped),
+                          revocation_sha256=signed.digest)
+        return RevocationReceipt(signed.digest, self.settings.index, r.owner_id,
+                                 r.dataset_id, r.recipient, len(stopped))
 
     async def shutdown(self) -> None:
         """Stop every unfinished job (their engine processes are killed)."""

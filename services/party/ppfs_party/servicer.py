@@ -14,7 +14,7 @@ from ppfs.contract import FailureKind, JobState
 from ppfs.errors import ParameterError
 from ppfs.upload import Manifest, UploadRejected
 from ppfs.v1 import party_pb2, party_pb2_grpc
-from ppfs.withdrawal import SignedWithdrawal
+from ppfs.withdrawal import SignedRevocation, SignedWithdrawal
 from ppfs_party.errors import TooManyOpenCallsError, UploadTimedOutError, to_status
 from ppfs_party.jobs import JobRecord
 from ppfs_party.metrics import PartyMetrics
@@ -246,3 +246,12 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
         receipt, signature = await self.state.withdraw(
             SignedWithdrawal(request.statement, request.signature))
         return party_pb2.WithdrawUploadsResponse(receipt=receipt, receipt_signature=signature)
+
+    @_unary
+    async def RevokeConsents(self, request: party_pb2.RevokeConsentsRequest,
+                             context: grpc.aio.ServicerContext[Any, Any]
+                             ) -> party_pb2.RevokeConsentsResponse:
+        receipt = await self.state.jobs.revoke(
+            SignedRevocation(request.statement, request.signature))
+        blob, signature = receipt.sign(self.state.keys.signing)
+        return party_pb2.RevokeConsentsResponse(receipt=blob, receipt_signature=signature)

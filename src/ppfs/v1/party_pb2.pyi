@@ -429,3 +429,19 @@ class WithdrawUploadsResponse(_message.Message):
     receipt: bytes
     receipt_signature: bytes
     def __init__(self, receipt: _Optional[bytes] = ..., receipt_signature: _Optional[bytes] = ...) -> None: ...
+
+class RevokeConsentsRequest(_message.Message):
+    __slots__ = ("statement", "signature")
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    statement: bytes
+    signature: bytes
+    def __init__(self, statement: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class RevokeConsentsResponse(_message.Message):
+    __slots__ = ("receipt", "receipt_signature")
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    receipt: bytes
+    receipt_signature: bytes
+    def __init__(self, receipt: _Optional[bytes] = ..., receipt_signature: _Optional[bytes] = ...) -> None: ...

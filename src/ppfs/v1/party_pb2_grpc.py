@@ -94,6 +94,11 @@ class PartyServiceStub:
                 request_serializer=ppfs_dot_v1_dot_party__pb2.WithdrawUploadsRequest.SerializeToString,
                 response_deserializer=ppfs_dot_v1_dot_party__pb2.WithdrawUploadsResponse.FromString,
                 _registered_method=True)
+        self.RevokeConsents = channel.unary_unary(
+                '/ppfs.v1.PartyService/RevokeConsents',
+                request_serializer=ppfs_dot_v1_dot_party__pb2.RevokeConsentsRequest.SerializeToString,
+                response_deserializer=ppfs_dot_v1_dot_party__pb2.RevokeConsentsResponse.FromString,
+                _registered_method=True)
 
 
 class PartyServiceServicer:
@@ -193,6 +198,16 @@ class PartyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeConsents(self, request, context):
+        """Keep a data owner's signed revocation of the consents it gave a recipient for a data
+        set (ppfs.withdrawal.Revocation): from then on the party runs no job on them, and it
+        stops its unfinished jobs that rely on one. Checked against the party's own registry
+        of owners; answered with a receipt signed by this party's key. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -255,6 +270,11 @@ def add_PartyServiceServicer_to_server(servicer, server):
                     servicer.WithdrawUploads,
                     request_deserializer=ppfs_dot_v1_dot_party__pb2.WithdrawUploadsRequest.FromString,
                     response_serializer=ppfs_dot_v1_dot_party__pb2.WithdrawUploadsResponse.SerializeToString,
+            ),
+            'RevokeConsents': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeConsents,
+                    request_deserializer=ppfs_dot_v1_dot_party__pb2.RevokeConsentsRequest.FromString,
+                    response_serializer=ppfs_dot_v1_dot_party__pb2.RevokeConsentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -581,6 +601,33 @@ class PartyService:
             '/ppfs.v1.PartyService/WithdrawUploads',
             ppfs_dot_v1_dot_party__pb2.WithdrawUploadsRequest.SerializeToString,
             ppfs_dot_v1_dot_party__pb2.WithdrawUploadsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeConsents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ppfs.v1.PartyService/RevokeConsents',
+            ppfs_dot_v1_dot_party__pb2.RevokeConsentsRequest.SerializeToString,
+            ppfs_dot_v1_dot_party__pb2.RevokeConsentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
