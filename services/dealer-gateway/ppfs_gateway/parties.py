@@ -175,6 +175,16 @@ class PartyClient:
         except aio.AioRpcError as exc:
             raise self._error(exc, "WithdrawUploads", self.transfer_seconds) from None
 
+    async def revoke_consents(self, statement: bytes, signature: bytes
+                              ) -> pb.RevokeConsentsResponse:
+        """Relay an owner's signed revocation of its consents; the party's receipt."""
+        try:
+            return await self.stub.RevokeConsents(
+                pb.RevokeConsentsRequest(statement=statement, signature=signature),
+                timeout=self.rpc_seconds)
+        except aio.AioRpcError as exc:
+            raise self._error(exc, "RevokeConsents", self.rpc_seconds) from None
+
     async def start_job(self, req: pb.StartJobRequest) -> pb.StartJobResponse:
         try:
             return await self.stub.StartJob(req, timeout=self.rpc_seconds)
