@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 from ppfs_client.sdk import ApiError
+from ppfs_gateway.errors import PartyUnavailable
 from ppfs_gateway.parties import PartyClient
 from service_fakes import RealCluster, Stack, make_stack, owner_table, run_cli, wait_final
 
@@ -243,3 +244,59 @@ def test_the_registry_drops_a_withdrawn_uploads_rows_and_pending_commits(
     assert reg.upload_exists("u-1") and reg.upload_exists("u-3")  # ids stay used
     assert reg.withdraw_uploads("ds", "owner-a", "2025-01-04T00:00:00.000000Z") == []
     reg.close()
+
+
+def test_an_owner_revokes_its_consents_and_every_party_refuses_them(
+    stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = stack
+    ds, _, _ = _shared(s)
+    from ppfs_gateway.registry import Registry
+
+    path = s.root / "gateway" / "registry.sqlite3"
+    reg = Registry(path)
+    (kept,) = [c for c in reg.consents(ds) if c.owner_id == "owner-a"]
+    reg.close()
+
+    rc, out, err = run_cli(capsys, s, "owner-a", "datasets", "revoke", ds,
+                           "--recipient", "analyst-1")
+    assert rc == 0, out + err
+    assert err.count("confirmed by its signed receipt (no job relied on them)") == 3, err
+    assert f"revoked your consents to analyst-1 on {ds} at 3 of 3 parties" in out
+    assert [c["owner_id"] for c in s.client("owner-a").list_consents(ds)] == ["owner-b"]
+
+    # a turned gateway that kept the consent and relays it anyway: every party refuses
+    reg = Registry(path)
+    reg.add_consent(kept)
+    reg.close()
+    analyst = s.client("analyst-1")
+    job = analyst.submit(s.keys["analyst-1"], [ds], label="label", k=1,
+                         security="passive-3pc", engine="mpyc")
+    done = wait_final(analyst, job["id"], timeout=60)
+    assert done["state"] == "failed", done
+    assert "its owner revoked its consent" in done["error"], done["error"]
+
+    # nor can it claim a party kept the revocation when it never relayed it
+    relay = PartyClient.revoke_consents
+
+    async def withheld(self: PartyClient, statement: bytes, signature: bytes) -> Any:
+        if self.index == 1:
+            raise PartyUnavailable("Bob did not answer RevokeConsents (unavailable)")
+        return await relay(self, statement, signature)
+
+    monkeypatch.setattr(PartyClient, "revoke_consents", withheld)
+    rc, _, err = run_cli(capsys, s, "owner-b", "datasets", "revoke", ds,
+                         "--recipient", "analyst-1")
+    assert rc == 1 and "Bob: NOT confirmed: Bob did not answer" in err, err
+    assert "Bob may still run jobs for analyst-1 on your consents" in err
+    monkeypatch.setattr(PartyClient, "revoke_consents", relay)
+
+    # owner-a consents again, in a later second: its consent counts again, owner-b's not
+    time.sleep(1.05)
+    s.client("owner-a").consent(s.keys["owner-a"], ds, "analyst-1",
+                                s.keys["analyst-1"].box_public_key, Reveal.SELECTION)
+    job = analyst.submit(s.keys["analyst-1"], [ds], label="label", k=1,
+                         security="passive-3pc", engine="mpyc")
+    done = wait_final(analyst, job["id"], timeout=60)
+    assert done["state"] == "failed", done
+    assert "from owner 'owner-b'" in done["error"] and "'owner-a'" not in done["error"], done

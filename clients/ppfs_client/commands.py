@@ -17,6 +17,7 @@ import datetime as dt
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,22 @@ def add_commands(sub: Any) -> None:
     withdraw.add_argument("dataset_id")
     _conn_args(withdraw)
     withdraw.set_defaults(func=_datasets_withdraw)
+    revoke = dsub.add_parser(
+        "revoke",
+        help="(owner) revoke every consent you gave a recipient for a data set",
+        description="Sign with your key a revocation of every consent you gave SUBJECT for "
+        "DATASET up to now (also any the gateway does not list). The gateway relays it; "
+        "each party checks your signature itself, keeps the revocation, runs no job on "
+        "those consents from then on, stops its unfinished jobs that rely on one, and "
+        "answers with a receipt signed by its certified key, which this command checks. "
+        "A consent you sign afterwards counts again. Exit 0 only when every party "
+        "confirmed; safe to run again.",
+    )
+    revoke.add_argument("dataset_id")
+    revoke.add_argument("--recipient", required=True, metavar="SUBJECT",
+                        help="the recipient whose consents are revoked")
+    _conn_args(revoke)
+    revoke.set_defaults(func=_datasets_revoke)
     consent = dsub.add_parser(
         "consent",
         help="(owner) let a recipient learn the selection (and model) of jobs on your data",
@@ -480,12 +497,8 @@ def _datasets_withdraw(args: argparse.Namespace) -> int:
     for name, deleted in w.confirmed:
         now = f"deleted {len(deleted)} upload(s) now" if deleted else "nothing left to delete"
         print(f"{name}: confirmed by its signed receipt ({now})", file=sys.stderr)
-    for name, why in w.unconfirmed:
-        print(f"{name}: NOT confirmed: {why}", file=sys.stderr)
-    if w.unconfirmed:
-        names = ", ".join(n for n, _ in w.unconfirmed)
-        print(f"ppfs: {names} may still hold your uploads of {w.dataset_id}: run `ppfs "
-              f"datasets withdraw {w.dataset_id}` again once reachable", file=sys.stderr)
+    _unconfirmed(w.unconfirmed, f"may still hold your uploads of {w.dataset_id}",
+                 f"ppfs datasets withdraw {w.dataset_id}")
     _out(args, {"dataset_id": w.dataset_id,
                 "confirmed": [{"party": n, "deleted": list(d)} for n, d in w.confirmed],
                 "unconfirmed": [{"party": n, "reason": r} for n, r in w.unconfirmed],
@@ -493,6 +506,34 @@ def _datasets_withdraw(args: argparse.Namespace) -> int:
          f"withdrew your uploads of {w.dataset_id} at {len(w.confirmed)} of "
          f"{len(w.confirmed) + len(w.unconfirmed)} parties")
     return EXIT_FAILED if w.unconfirmed else 0
+
+
+@_guard
+def _datasets_revoke(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    with _client(args) as client:
+        r = client.revoke_consents(keys, args.dataset_id, args.recipient)
+    for name, stopped in r.confirmed:
+        did = f"stopped {stopped} job(s) relying on them" if stopped else "no job relied on them"
+        print(f"{name}: confirmed by its signed receipt ({did})", file=sys.stderr)
+    _unconfirmed(r.unconfirmed, f"may still run jobs for {r.recipient} on your consents",
+                 f"ppfs datasets revoke {r.dataset_id} --recipient {r.recipient}")
+    _out(args, {"dataset_id": r.dataset_id, "recipient": r.recipient,
+                "confirmed": [{"party": n, "jobs_stopped": k} for n, k in r.confirmed],
+                "unconfirmed": [{"party": n, "reason": why} for n, why in r.unconfirmed],
+                "removed": list(r.removed)},
+         f"revoked your consents to {r.recipient} on {r.dataset_id} at {len(r.confirmed)} of "
+         f"{len(r.confirmed) + len(r.unconfirmed)} parties")
+    return EXIT_FAILED if r.unconfirmed else 0
+
+
+def _unconfirmed(unconfirmed: Sequence[tuple[str, str]], risk: str, again: str) -> None:
+    """Name each party whose receipt did not confirm, and what to run once it answers."""
+    for name, why in unconfirmed:
+        print(f"{name}: NOT confirmed: {why}", file=sys.stderr)
+    if unconfirmed:
+        names = ", ".join(n for n, _ in unconfirmed)
+        print(f"ppfs: {names} {risk}: run `{again}` again once reachable", file=sys.stderr)
 
 
 def _public_key(text: str) -> bytes:

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -50,7 +50,15 @@ from ppfs.keycert import NoTrustAnchor, TrustAnchor, UntrustedPartyKey, verify_p
 from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.step2a import draw_mask_words, unmask_all
 from ppfs.upload import SIGNED_AT_FORMAT, Manifest, pack_bundles, seal, sign_manifest
-from ppfs.withdrawal import ReceiptRejected, Withdrawal, open_receipt
+from ppfs.withdrawal import (
+    ReceiptRejected,
+    Revocation,
+    SignedRevocation,
+    SignedWithdrawal,
+    Withdrawal,
+    open_receipt,
+    open_revocation_receipt,
+)
 from ppfs_client.keys import ClientKeys
 from ppfs_client.sent import RepeatedUpload as RepeatedUpload  # an owner's refusal
 from ppfs_client.sent import (
@@ -153,6 +161,53 @@ class Withdrawn:
     confirmed: tuple[tuple[str, tuple[str, ...]], ...]
     unconfirmed: tuple[tuple[str, str], ...]
     removed: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Revoked:
+    """What became of an owner's revocation of its consents to ``recipient``: the
+    parties whose signed receipt confirms it (with how many of their unfinished jobs
+    they stopped), the parties not confirmed and why, and the consents (SHA-256) the
+    gateway says it took out of its record."""
+
+    dataset_id: str
+    recipient: str
+    confirmed: tuple[tuple[str, int], ...]
+    unconfirmed: tuple[tuple[str, str], ...]
+    removed: tuple[str, ...]
+
+
+R = TypeVar("R")
+
+
+def _receipts(
+    dep: Deployment, got: dict[str, Any], check: Callable[[PartyInfo, bytes, bytes], R]
+) -> tuple[list[tuple[str, R]], list[tuple[str, str]]]:
+    """Each party's receipt in the gateway's answer, checked by ``check`` (which raises
+    ReceiptRejected): (party name, what ``check`` returns) for those that hold, (party
+    name, why) for the others, in party order."""
+    answers: dict[int, dict[str, Any]] = {}
+    for a in got.get("parties", []):
+        if isinstance(a, dict) and isinstance(a.get("index"), int):
+            answers.setdefault(a["index"], a)
+    confirmed, unconfirmed = [], []
+    for party in dep.parties:
+        a = answers.get(party.index, {})
+        try:
+            done = check(party, base64.b64decode(str(a.get("receipt", ""))),
+                         base64.b64decode(str(a.get("receipt_signature", ""))))
+        except (ReceiptRejected, binascii.Error, ValueError) as exc:
+            said = str(a.get("error", ""))[:300]
+            unconfirmed.append((party.name, (said if said and not a.get("receipt")
+                                             else str(exc)) or "no answer"))
+            continue
+        confirmed.append((party.name, done))
+    return confirmed, unconfirmed
+
+
+def _removed(got: dict[str, Any]) -> tuple[str, ...]:
+    removed = got.get("removed", [])
+    return tuple(str(u) for u in removed) if isinstance(removed, list) else ()
 
 
 @dataclass(frozen=True)
@@ -618,31 +673,34 @@ class GatewayClient:
         (a party that confirmed deletes nothing more)."""
         dep = deployment or self.deployment()
         signed = Withdrawal.now(keys.subject, dataset_id).sign(keys.signing)
-        got = _as_object(self._call(
-            "POST", f"/v1/datasets/{dataset_id}/withdraw",
-            {"statement": base64.b64encode(signed.statement).decode(),
-             "signature": base64.b64encode(signed.signature).decode()}), "a withdrawal")
-        answers: dict[int, dict[str, Any]] = {}
-        for a in got.get("parties", []):
-            if isinstance(a, dict) and isinstance(a.get("index"), int):
-                answers.setdefault(a["index"], a)
-        confirmed, unconfirmed = [], []
-        for party in dep.parties:
-            a = answers.get(party.index, {})
-            try:
-                receipt = open_receipt(
-                    signed, party.index, party.name, party.signing_public_key,
-                    base64.b64decode(str(a.get("receipt", ""))),
-                    base64.b64decode(str(a.get("receipt_signature", ""))))
-            except (ReceiptRejected, binascii.Error, ValueError) as exc:
-                said = str(a.get("error", ""))[:300]
-                why = said if said and not a.get("receipt") else str(exc)
-                unconfirmed.append((party.name, why or "no answer"))
-                continue
-            confirmed.append((party.name, receipt.deleted))
-        removed = got.get("removed", [])
-        return Withdrawn(dataset_id, tuple(confirmed), tuple(unconfirmed),
-                         tuple(str(u) for u in removed) if isinstance(removed, list) else ())
+        got = self._relay(f"/v1/datasets/{dataset_id}/withdraw", signed, "a withdrawal")
+        confirmed, unconfirmed = _receipts(dep, got, lambda party, receipt, sig: open_receipt(
+            signed, party.index, party.name, party.signing_public_key, receipt, sig).deleted)
+        return Withdrawn(dataset_id, tuple(confirmed), tuple(unconfirmed), _removed(got))
+
+    def revoke_consents(self, keys: ClientKeys, dataset_id: str, recipient: str,
+                        deployment: Deployment | None = None) -> Revoked:
+        """Revoke every consent this owner gave ``recipient`` for the data set up to now,
+        those the gateway does not list included: signed with the owner's key, relayed
+        by the gateway, kept by each party, which checks the signature itself and from
+        then on runs no job on them. Each party is confirmed only by its own signed
+        receipt, as for :meth:`withdraw`. Asking again is safe."""
+        dep = deployment or self.deployment()
+        signed = Revocation.now(keys.subject, dataset_id, recipient).sign(keys.signing)
+        got = self._relay(f"/v1/datasets/{dataset_id}/consents/revoke", signed,
+                          "a revocation")
+        confirmed, unconfirmed = _receipts(
+            dep, got, lambda party, receipt, sig: open_revocation_receipt(
+                signed, party.index, party.name, party.signing_public_key, receipt,
+                sig).jobs_stopped)
+        return Revoked(dataset_id, recipient, tuple(confirmed), tuple(unconfirmed),
+                       _removed(got))
+
+    def _relay(self, path: str, signed: SignedWithdrawal | SignedRevocation, what: str
+               ) -> dict[str, Any]:
+        return _as_object(self._call("POST", path, {
+            "statement": base64.b64encode(signed.statement).decode(),
+            "signature": base64.b64encode(signed.signature).decode()}), what)
 
     # -- what a result recipient does ------------------------------------------------
 

@@ -546,6 +546,16 @@ class Registry:
                                   r["recipient_key"], r["reveal"], bytes(r["statement"]),
                                   bytes(r["signature"])) for r in rows]
 
+    def remove_consent(self, c: ConsentRecord) -> None:
+        """Forget a consent its owner revoked: it is relayed with no job any more."""
+        with self._tx() as db:
+            db.execute(
+                "DELETE FROM consents WHERE dataset_id = ? AND owner_id = ? AND recipient = ?"
+                " AND recipient_key = ? AND reveal = ? AND statement = ?",
+                (c.dataset_id, c.owner_id, c.recipient, c.recipient_key, c.reveal,
+                 c.statement),
+            )
+
     # -- jobs --------------------------------------------------------------------
 
     def create_job(

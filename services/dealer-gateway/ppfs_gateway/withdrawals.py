@@ -1,4 +1,5 @@
-"""Relaying a data owner's withdrawal (ppfs.withdrawal) to every party.
+"""Relaying a data owner's withdrawal of its data, or revocation of its consents
+(ppfs.withdrawal), to every party.
 
 The gateway cannot withdraw anything itself: each party deletes only what the owner's
 signature covers, checked against its own registry of owners, and answers with a
@@ -7,7 +8,9 @@ to relay the statement to every party at once, to hand back each party's receipt
 why there is none, and, once a party has carried it out (it checked the owner's
 signature), to take the covered uploads out of its own record, so that no job it
 schedules pins them any more. A party that was not reached keeps its copy until
-the owner asks again (a withdrawal is idempotent): the owner's client names it.
+the owner asks again (a withdrawal is idempotent): the owner's client names it. A
+revocation is relayed alike; the consents it covers leave the gateway's record, so that
+no job carries them any more.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from ppfs.contract import Consent
 from ppfs.errors import PpfsError
-from ppfs.withdrawal import Withdrawal, WithdrawalError
+from ppfs.v1 import party_pb2 as pb
+from ppfs.withdrawal import Revocation, Withdrawal, WithdrawalError
 from ppfs_gateway.auth import Principal
 from ppfs_gateway.errors import Forbidden, InvalidRequest
-from ppfs_gateway.parties import Parties
+from ppfs_gateway.parties import Parties, PartyClient
 from ppfs_gateway.registry import DatasetRecord, Registry
 
 log = logging.getLogger("ppfs.gateway")
@@ -39,7 +45,9 @@ class PartyAnswer:
 @dataclass(frozen=True)
 class Relayed:
     withdrawal_sha256: str
-    removed: tuple[str, ...]  # upload ids taken out of the gateway's record now
+    # taken out of the gateway's record now: upload ids (a withdrawal), or the consents'
+    # SHA-256 (a revocation)
+    removed: tuple[str, ...]
     parties: tuple[PartyAnswer, ...]
 
 
@@ -55,15 +63,8 @@ async def relay_withdrawal(registry: Registry, parties: Parties, ds: DatasetReco
     if w.dataset_id != ds.id:
         raise InvalidRequest(f"the withdrawal names data set {w.dataset_id!r}, not {ds.id!r}")
 
-    async def one(i: int) -> PartyAnswer:
-        c = parties.clients[i]
-        try:
-            got = await c.withdraw(statement, signature)
-        except PpfsError as exc:
-            return PartyAnswer(i, c.name, error=str(exc)[:300])
-        return PartyAnswer(i, c.name, got.receipt, got.receipt_signature)
-
-    answers = await asyncio.gather(*(one(i) for i in range(len(parties))))
+    answers = await _ask_every_party(
+        parties, lambda c: c.withdraw(statement, signature))
     # out of the gateway's record once a party carried it out, which it does only on the
     # owner's signature (a stolen token alone withdraws nothing), whatever the others
     # answered: a job pinning an upload some party has deleted could not run anyway
@@ -73,3 +74,47 @@ async def relay_withdrawal(registry: Registry, parties: Parties, ds: DatasetReco
              "answered=%d/%d", ds.id, w.owner_id, len(removed),
              sum(not a.error for a in answers), len(answers))
     return Relayed(hashlib.sha256(statement).hexdigest(), tuple(removed), tuple(answers))
+
+
+async def relay_revocation(registry: Registry, parties: Parties, ds: DatasetRecord,
+                           who: Principal, statement: bytes, signature: bytes) -> Relayed:
+    """Relay the owner's signed revocation of its consents on ``ds`` to every party;
+    once a party kept it, the consents it covers leave the gateway's record."""
+    try:
+        r = Revocation.from_bytes(statement)
+    except WithdrawalError as exc:
+        raise InvalidRequest(str(exc)) from None
+    if r.owner_id != who.subject:
+        raise Forbidden("a revocation is made by the owner it names")
+    if r.dataset_id != ds.id:
+        raise InvalidRequest(f"the revocation names data set {r.dataset_id!r}, not {ds.id!r}")
+    answers = await _ask_every_party(
+        parties, lambda c: c.revoke_consents(statement, signature))
+    removed = []
+    if any(a.receipt for a in answers):
+        for c in registry.consents(ds.id):
+            if r.covers(Consent.from_bytes(c.statement)):
+                registry.remove_consent(c)
+                removed.append(hashlib.sha256(c.statement).hexdigest())
+    log.info("[Gateway.Revoke] dataset=%s owner=%s recipient=%s consents removed=%d "
+             "parties answered=%d/%d", ds.id, r.owner_id, r.recipient, len(removed),
+             sum(not a.error for a in answers), len(answers))
+    return Relayed(hashlib.sha256(statement).hexdigest(), tuple(removed), tuple(answers))
+
+
+async def _ask_every_party(
+    parties: Parties,
+    call: Callable[[PartyClient], Awaitable[pb.WithdrawUploadsResponse
+                                            | pb.RevokeConsentsResponse]],
+) -> list[PartyAnswer]:
+    """Every party's receipt, or why it gave none, asked all at once."""
+
+    async def one(i: int) -> PartyAnswer:
+        c = parties.clients[i]
+        try:
+            got = await call(c)
+        except PpfsError as exc:
+            return PartyAnswer(i, c.name, error=str(exc)[:300])
+        return PartyAnswer(i, c.name, got.receipt, got.receipt_signature)
+
+    return list(await asyncio.gather(*(one(i) for i in range(len(parties)))))

@@ -160,7 +160,8 @@ class UploadRepair(Strict):
 
 
 class WithdrawalCreate(Strict):
-    statement: Base64 = Field(description="the owner's withdrawal (ppfs.withdrawal.Withdrawal)")
+    statement: Base64 = Field(description="the owner's withdrawal or revocation "
+                              "(ppfs.withdrawal.Withdrawal, ppfs.withdrawal.Revocation)")
     signature: Base64 = Field(description="its Ed25519 signature by the owner")
 
 
@@ -174,8 +175,9 @@ class PartyReceiptOut(BaseModel):
 
 class WithdrawalOut(BaseModel):
     dataset_id: str
-    withdrawal_sha256: str
-    removed: list[str] = Field(description="uploads taken out of the gateway's record now")
+    withdrawal_sha256: str = Field(description="SHA-256 of the statement relayed")
+    removed: list[str] = Field(description="taken out of the gateway's record now: upload "
+                               "ids (a withdrawal), consent SHA-256s (a revocation)")
     parties: list[PartyReceiptOut]
 
 

@@ -43,7 +43,7 @@ from ppfs_gateway.uploads import (
     relay_upload,
     visible_dataset,
 )
-from ppfs_gateway.withdrawals import relay_withdrawal
+from ppfs_gateway.withdrawals import Relayed, relay_revocation, relay_withdrawal
 
 # consents one owner may keep for one data set (each a few hundred bytes, relayed with
 # every job on the data set)
@@ -212,8 +212,26 @@ async def withdraw(
         out = await relay_withdrawal(
             jobs.registry, jobs.parties, ds, who, b64decode(body.statement, "statement"),
             b64decode(body.signature, "signature"))
+    return relayed_out(ds.id, out)
+
+
+@router.post("/v1/datasets/{dataset_id}/consents/revoke", response_model=WithdrawalOut)
+async def revoke_consents(
+    dataset_id: str, body: WithdrawalCreate, who: PrincipalDep, jobs: JobsDep
+) -> WithdrawalOut:
+    """Relay an owner's signed revocation of the consents it gave a recipient for the
+    data set to every party; each party's signed receipt, or why it gave none."""
+    ds = visible_dataset(jobs.registry, dataset_id, who)
+    out = await relay_revocation(
+        jobs.registry, jobs.parties, ds, who, b64decode(body.statement, "statement"),
+        b64decode(body.signature, "signature"))
+    return relayed_out(ds.id, out)
+
+
+def relayed_out(dataset_id: str, out: Relayed) -> WithdrawalOut:
     return WithdrawalOut(
-        dataset_id=ds.id, withdrawal_sha256=out.withdrawal_sha256, removed=list(out.removed),
+        dataset_id=dataset_id, withdrawal_sha256=out.withdrawal_sha256,
+        removed=list(out.removed),
         parties=[PartyReceiptOut(index=a.index, name=a.name, receipt=b64encode(a.receipt),
                                  receipt_signature=b64encode(a.receipt_signature),
                                  error=a.error) for a in out.parties])
