@@ -203,6 +203,12 @@ def test_the_gateway_relays_only_the_callers_own_withdrawal(stack: Stack) -> Non
         a._call("POST", f"/v1/datasets/{ds}/withdraw",
                 {"statement": base64.b64encode(b"{}").decode(), "signature": ""})
     assert info.value.status == 422 and "malformed" in str(info.value)
+    for garbage in ({"statement": "A" * 100_000, "signature": ""},  # too long to read
+                    {"statement": "not base64!", "signature": ""},
+                    {"statement": "", "signature": "", "extra": 1}):
+        with pytest.raises(ApiError) as info:
+            a._call("POST", f"/v1/datasets/{ds}/withdraw", garbage)
+        assert info.value.status == 422, info.value
     # the owner's token without the owner's key: every party refuses, nothing is removed
     stolen = Withdrawal.now("owner-a", ds).sign(SigningKey.generate())
     got = a._call("POST", f"/v1/datasets/{ds}/withdraw", {

@@ -160,9 +160,10 @@ class UploadRepair(Strict):
 
 
 class WithdrawalCreate(Strict):
-    statement: Base64 = Field(description="the owner's withdrawal or revocation "
-                              "(ppfs.withdrawal.Withdrawal, ppfs.withdrawal.Revocation)")
-    signature: Base64 = Field(description="its Ed25519 signature by the owner")
+    # a statement is a few hundred bytes (ppfs.withdrawal.MAX_STATEMENT_BYTES at most)
+    statement: Base64 = Field(max_length=8192, description="the owner's withdrawal or "
+                              "revocation (ppfs.withdrawal.Withdrawal, .Revocation)")
+    signature: Base64 = Field(max_length=128, description="its Ed25519 signature by the owner")
 
 
 class PartyReceiptOut(BaseModel):
