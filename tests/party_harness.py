@@ -332,6 +332,13 @@ def run_parties(tmp_path: Path, scenario: Scenario, owners: Sequence[str] = ("ow
     dep = Deployment.create(tmp_path, 3, engines=("mpyc",), **overrides)
     for owner in owners:
         dep.add_owner(owner)
+    serve_parties(dep, scenario)
+    return dep
+
+
+def serve_parties(dep: Deployment, scenario: Scenario) -> None:
+    """Start ``dep``'s party daemons from their state (again, after :func:`run_parties`:
+    a restart), run ``scenario`` against them, stop them."""
 
     async def main() -> None:
         servers = [await start_party_server(s) for s in dep.settings]
@@ -347,7 +354,6 @@ def run_parties(tmp_path: Path, scenario: Scenario, owners: Sequence[str] = ("ow
                 await srv.stop(0)
 
     asyncio.run(main())
-    return dep
 
 
 async def identities(stubs: Sequence[party_pb2_grpc.PartyServiceStub]
