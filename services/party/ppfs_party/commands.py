@@ -40,6 +40,7 @@ from ppfs_party.config import (
     DEFAULT_BUNDLE_CACHE,
     DEFAULT_MAX_OPEN_UPLOADS,
     DEFAULT_MAX_UPLOAD,
+    DEFAULT_STAGED_EXPIRY,
     DEFAULT_UPLOAD_TIMEOUT,
     MIN_UPLOAD_RATE,
     MpcDial,
@@ -91,6 +92,11 @@ def add_commands(subparsers: Any) -> None:
                        help="upload parts received at once (one per owner uploading); "
                             f"one more is refused until one ends (default "
                             f"{DEFAULT_MAX_OPEN_UPLOADS})")
+    serve.add_argument("--staged-expiry-hours", type=float,
+                       default=DEFAULT_STAGED_EXPIRY / 3600, metavar="HOURS",
+                       help="abort an upload part still staged (neither committed nor "
+                            "aborted by the gateway) HOURS after it arrived; a later "
+                            f"commit of it is refused (default {DEFAULT_STAGED_EXPIRY / 3600:g})")
     serve.add_argument("--bundle-cache-mib", type=int, default=DEFAULT_BUNDLE_CACHE >> 20,
                        metavar="MIB",
                        help="keep loaded upload shares in memory for the next job, up to "
@@ -204,6 +210,7 @@ def _settings(args: argparse.Namespace) -> PartySettings:
             mpc_bind_host=args.mpc_bind_host, max_upload_bytes=args.max_upload_bytes,
             upload_timeout=args.upload_timeout,
             max_open_uploads=args.max_open_uploads,
+            staged_expiry=args.staged_expiry_hours * 3600,
             bundle_cache_bytes=args.bundle_cache_mib << 20,
             job_timeout=args.job_timeout, port_file=args.port_file,
             mpspdz_cache=args.mpspdz_cache, metrics_listen=args.metrics_listen,

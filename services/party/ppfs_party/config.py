@@ -18,6 +18,9 @@ MIN_UPLOAD_RATE = 256 << 10  # bytes per second: 1 GiB in 68 minutes
 # upload streams open at once: the gateway sends each owner's part to every party in one
 # stream, so this is how many owners may be uploading at one time
 DEFAULT_MAX_OPEN_UPLOADS = 64
+# a staged upload part the gateway has not decided within this many seconds of its
+# arrival is aborted by the party itself: an undecided part holds the party's disk
+DEFAULT_STAGED_EXPIRY = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,9 @@ class PartySettings:
     max_concurrent_jobs: int = 1  # engine runs at once; later jobs wait queued for a slot
     # upload part streams open at once; one more is refused until one ends
     max_open_uploads: int = DEFAULT_MAX_OPEN_UPLOADS
+    # seconds a staged part waits for the gateway's commit or abort; then it is aborted
+    # here (a commit arriving later is refused)
+    staged_expiry: float = DEFAULT_STAGED_EXPIRY
     # where this party dials some peers' engines instead of the job's addresses (relays)
     mpc_dial: tuple[MpcDial, ...] = ()
 
@@ -138,6 +144,9 @@ class PartySettings:
             raise ParameterError("max_open_uploads must be 1..10000")
         if not 0 < self.upload_timeout <= 86_400:
             raise ParameterError("upload_timeout must be more than 0 and at most a day")
+        if not 0 < self.staged_expiry <= 366 * 86_400:
+            raise ParameterError("staged_expiry (--staged-expiry-hours) must be more than 0 "
+                                 "and at most a year")
         if self.bundle_cache_bytes < 0:
             raise ParameterError("bundle_cache_bytes must be 0 or more")
         if not self.gateway_name.strip():

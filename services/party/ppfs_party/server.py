@@ -6,7 +6,9 @@ gateway's control identity only (ppfs_party.control_access); health answers any.
 Lifecycle (grpc.aio): :func:`start_party_server` opens the state, binds (port 0 in
 tests: the bound port comes back) and marks the services SERVING; :meth:`PartyServer.stop`
 marks them NOT_SERVING, stops every unfinished job (killing its engine process)
-and gives in-flight calls ``grace`` seconds. :func:`serve` runs until SIGTERM/SIGINT,
+and gives in-flight calls ``grace`` seconds. Staged upload parts past their expiry are
+aborted before the server binds and every few minutes while it runs
+(:func:`expire_staged_parts`). :func:`serve` runs until SIGTERM/SIGINT,
 holding the state directory's lock (ppfs.state_lock) from before it opens the state: a
 second daemon on the same state would take this one's jobs for interrupted and delete
 their files.
@@ -15,6 +17,7 @@ their files.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -34,6 +37,9 @@ log = logging.getLogger("ppfs.party")
 
 SERVICE_NAME = party_pb2.DESCRIPTOR.services_by_name["PartyService"].full_name
 MAX_MESSAGE = 8 * 1024 * 1024
+# how often a running daemon looks for staged parts past their expiry (at most; a
+# quarter of the expiry when that is shorter): a part outlives its expiry by this much
+STAGED_CHECK_SECONDS = 300.0
 
 SERVER_OPTIONS = [
     # Server-initiated pings every 60 s keep an idle stream (a long WatchJob, an upload
@@ -61,9 +67,14 @@ class PartyServer:
     state: PartyState
     health: health.aio.HealthServicer
     metrics: MetricsListener | None = field(default=None)
+    expiry: asyncio.Task[None] | None = field(default=None)
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.state.settings.stop_grace if grace is None else grace
+        if self.expiry is not None:
+            self.expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.expiry
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.state.jobs.shutdown()
@@ -78,12 +89,25 @@ class PartyServer:
         log.info("[Party.server] %s stopped", self.state.settings.name)
 
 
+async def expire_staged_parts(state: PartyState) -> None:
+    """Abort the staged parts past their expiry, every few minutes, until cancelled."""
+    interval = min(STAGED_CHECK_SECONDS, state.settings.staged_expiry / 4)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await state.store.expire_staged()
+        except Exception:  # never let the check die; the next round tries again
+            log.exception("[Party.server] the check of staged parts' expiry failed")
+
+
 async def start_party_server(
     settings: PartySettings, state: PartyState | None = None
 ) -> PartyServer:
     """Start a party daemon in this event loop; returns it with its bound port."""
     if state is None:
         state = await asyncio.to_thread(open_state, settings)
+    # those that aged while the daemon was down, before it answers a commit of them
+    await state.store.expire_staged()
     key, cert, ca = state.keys.control_material()
     credentials = grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=True
@@ -106,7 +130,8 @@ async def start_party_server(
     if settings.metrics_listen:
         metrics = serve_metrics(settings.metrics_listen, state.metrics.registry)
         log.info("[Party.server] %s metrics on port %d", settings.name, metrics.port)
-    return PartyServer(server, port, state, health_servicer, metrics)
+    expiry = asyncio.create_task(expire_staged_parts(state), name="staged-expiry")
+    return PartyServer(server, port, state, health_servicer, metrics, expiry)
 
 
 async def serve(settings: PartySettings) -> None:

@@ -130,7 +130,7 @@ def open_state(settings: PartySettings) -> PartyState:
     audit = AuditLog(settings.state_dir / "audit.log")
     store = ShareStore(settings.state_dir, settings.index, keys.box, audit,
                        settings.max_upload_bytes, settings.bundle_cache_bytes,
-                       settings.upload_timeout)
+                       settings.upload_timeout, settings.staged_expiry)
     store.open()
     metrics = PartyMetrics(settings.name)
     jobs = JobRunner(settings, keys, store, audit, engines)

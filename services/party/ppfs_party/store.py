@@ -23,6 +23,19 @@ deletes it and leaves a tombstone ``aborted/<upload_id>``, so the id (and a part
 arrives late) is refused from then on. Both are idempotent. Staged parts survive a
 restart, waiting for the gateway's decision.
 
+A staged part does not wait for ever: one older than ``staged_expiry`` (``ppfs party
+serve --staged-expiry-hours``) is aborted by the party itself, as the gateway's abort
+does (tombstone first, so a late commit or a late copy of the part is refused, the
+commit's refusal saying that the part expired), logged and audited
+(``upload.expired``), when the daemon starts and every few minutes while it runs
+(:meth:`ShareStore.expire_staged`). Its age is counted from the party's own clock at
+the time it stored the part, written with it (``received_at``, Unix seconds) and
+renamed into ``staged/`` with the rest; nothing the gateway sends sets it. A directory's
+modification time is not used: moving the temporary directory under ``staged/``
+rewrites its parent entry, and a copy or a restore of the state resets it. A part
+stored by a version that did not write ``received_at`` ages from its manifest file's
+modification time (written once, when the part was stored).
+
 The tombstone decides, whatever the crash point: an abort writes it durably first, then
 renames the staged directory to a dot-name (removed on start) and deletes it; a commit
 refuses a tombstoned id; and on start a staged directory whose id is tombstoned is
@@ -51,10 +64,12 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -76,11 +91,12 @@ from ppfs.upload import (
     verify_manifest,
 )
 from ppfs_party.audit import AuditLog
-from ppfs_party.config import DEFAULT_UPLOAD_TIMEOUT, MIN_UPLOAD_RATE
+from ppfs_party.config import DEFAULT_STAGED_EXPIRY, DEFAULT_UPLOAD_TIMEOUT, MIN_UPLOAD_RATE
 from ppfs_party.errors import (
     CorruptStateError,
     DamagedUploadError,
     NotFoundError,
+    StorageError,
     TombstonesFullError,
     UploadDecisionError,
     UploadReplayedError,
@@ -158,6 +174,11 @@ class UploadHeader:
 # how a withdrawal's tombstone begins (an abort's holds only the data set id): on start, a
 # directory of a withdrawn id left by a crash is deleted, not kept for the operator
 WITHDRAWN = b"withdrawn "
+# how the tombstone of a staged part the party aborted itself, undecided for too long,
+# begins: a late commit is refused saying so
+EXPIRED = b"expired "
+# the file in a staged part's directory that holds when this party stored it
+RECEIVED_AT = "received_at"
 
 
 class BundleCache:
@@ -264,6 +285,8 @@ class ShareStore:
         self, state_dir: Path, party: int, box_key: PrivateKey, audit: AuditLog,
         max_upload_bytes: int, bundle_cache_bytes: int = 0,
         upload_timeout: float = DEFAULT_UPLOAD_TIMEOUT,
+        staged_expiry: float = DEFAULT_STAGED_EXPIRY,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.state_dir = state_dir
         self.party = party
@@ -271,6 +294,9 @@ class ShareStore:
         self.audit = audit
         self.max_upload_bytes = max_upload_bytes
         self.upload_timeout = upload_timeout
+        # seconds a staged part waits for the gateway's decision before it is aborted here
+        self.staged_expiry = staged_expiry
+        self._clock = clock  # wall time (a part's age outlives a restart); tests set it
         # loaded upload bundles kept for the next job (None: every job reads them)
         self._cache = BundleCache(bundle_cache_bytes) if bundle_cache_bytes > 0 else None
         self.uploads_dir = state_dir / "uploads"
@@ -282,6 +308,7 @@ class ShareStore:
         # damaged until the owner's repair commits the upload again
         self._damaged: dict[str, StoredUpload] = {}
         self._aborted: set[str] = set()  # durable tombstones
+        self._expired: set[str] = set()  # of those, the parts this party expired itself
         # aborts whose tombstone write failed midway: refused, as the tombstone may be on disk
         self._abort_unsure: set[str] = set()
         self._inflight: set[str] = set()
@@ -296,6 +323,7 @@ class ShareStore:
         deletion; a committed one is left on disk for the operator but not used)."""
         self.aborted_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._aborted = set()
+        self._expired = set()
         withdrawn: set[str] = set()
         for p in self.aborted_dir.iterdir():
             if p.name.startswith("."):  # a tombstone write cut short
@@ -303,8 +331,11 @@ class ShareStore:
             else:
                 self._aborted.add(p.name)
                 with contextlib.suppress(OSError):
-                    if p.read_bytes().startswith(WITHDRAWN):
+                    head = p.read_bytes()[:len(WITHDRAWN)]
+                    if head.startswith(WITHDRAWN):
                         withdrawn.add(p.name)
+                    elif head.startswith(EXPIRED):
+                        self._expired.add(p.name)
         self._abort_unsure = set()
         self.owners()  # a registry of owners that cannot be read stops the start here
         for where, index in ((self.uploads_dir, self._uploads), (self.staged_dir, self._staged)):
@@ -513,6 +544,11 @@ class ShareStore:
         """Make a staged upload part of its dataset (idempotent). An aborted id is
         refused, even if its staged part is still on disk."""
         async with self._lock:
+            if upload_id in self._expired:
+                raise UploadDecisionError(
+                    f"upload {upload_id!r} was aborted on this party: its staged part "
+                    f"expired (kept {self.staged_expiry / 3600:g} h without the gateway's "
+                    "decision); it cannot be committed")
             if self._refused(upload_id):
                 raise UploadDecisionError(
                     f"upload {upload_id!r} was aborted on this party; it cannot be committed")
@@ -545,24 +581,85 @@ class ShareStore:
                 raise TombstonesFullError(
                     f"this party keeps at most {MAX_TOMBSTONES} aborted upload ids; an "
                     "abort of an upload it never received is refused")
-            if upload_id not in self._aborted:
-                # the tombstone first: from then on the id is refused, crash or not
-                try:
-                    await asyncio.to_thread(
-                        write_durable, self.aborted_dir / upload_id, dataset_id[:128].encode())
-                except BaseException as exc:
-                    self._abort_unsure.add(upload_id)  # it may be on disk: refuse the id
-                    if isinstance(exc, OSError):
-                        raise storage_error(exc, "recording the upload's abort") from None
-                    raise
-                self._aborted.add(upload_id)
-                self._abort_unsure.discard(upload_id)
-            stored = self._staged.pop(upload_id, None)
-            if stored is not None:
-                await asyncio.to_thread(self._discard, stored.directory)
+            stored = await self._abort_locked(upload_id, dataset_id[:128].encode())
         self.audit.record("upload.aborted", dataset_id=dataset_id[:128], upload_id=upload_id,
                           had_part=stored is not None)
         return "aborted"
+
+    async def _abort_locked(self, upload_id: str, tombstone: bytes) -> StoredUpload | None:
+        """Tombstone ``upload_id`` (unless it is already) with ``tombstone`` as its
+        contents, then delete its staged part, if any; the part deleted. Holds
+        ``self._lock``."""
+        if upload_id not in self._aborted:
+            # the tombstone first: from then on the id is refused, crash or not
+            try:
+                await asyncio.to_thread(write_durable, self.aborted_dir / upload_id, tombstone)
+            except BaseException as exc:
+                self._abort_unsure.add(upload_id)  # it may be on disk: refuse the id
+                if isinstance(exc, OSError):
+                    raise storage_error(exc, "recording the upload's abort") from None
+                raise
+            self._aborted.add(upload_id)
+            if tombstone.startswith(EXPIRED):
+                self._expired.add(upload_id)
+            self._abort_unsure.discard(upload_id)
+        stored = self._staged.pop(upload_id, None)
+        if stored is not None:
+            await asyncio.to_thread(self._discard, stored.directory)
+        return stored
+
+    # -------------------------------------------------------------- expiry
+    def received_at(self, stored: StoredUpload) -> float | None:
+        """When this party stored the part (its own clock, Unix seconds): the time it
+        wrote with the part, else (a part stored before it wrote one) its manifest
+        file's modification time; None if neither can be read."""
+        try:
+            text = (stored.directory / RECEIVED_AT).read_text(encoding="ascii")
+            at = float(text.strip())
+            if math.isfinite(at):
+                return at
+        except (OSError, ValueError):
+            pass
+        try:
+            return (stored.directory / "manifest.json").stat().st_mtime
+        except OSError:
+            return None
+
+    async def expire_staged(self, now: float | None = None) -> list[str]:
+        """Abort every staged part older than ``staged_expiry`` at ``now`` (default:
+        the store's clock), as :meth:`abort` does; the ids aborted now. A part whose
+        abort cannot be recorded (a full disk) stays staged, logged, for the next round."""
+        now = self._clock() if now is None else now
+        aged = []
+        for uid, stored in list(self._staged.items()):
+            at = await asyncio.to_thread(self.received_at, stored)
+            if at is not None and now - at >= self.staged_expiry:
+                aged.append((uid, stored, now - at))
+        expired = []
+        for uid, stored, age in aged:
+            dataset_id = stored.manifest.dataset_id
+            try:
+                async with self._lock:
+                    if self._staged.get(uid) is not stored:
+                        continue  # decided meanwhile
+                    await self._abort_locked(uid, EXPIRED + dataset_id[:128].encode())
+            except StorageError as exc:
+                log.error("[Party.store] upload=%s dataset=%s staged part expired but its "
+                          "abort could not be recorded: %s; tried again later", uid,
+                          dataset_id, exc)
+                continue
+            expired.append(uid)
+            log.warning("[Party.store] upload=%s dataset=%s staged part expired: no commit "
+                        "or abort from the gateway in %.1f h (limit %g h); aborted, a later "
+                        "commit is refused", uid, dataset_id, age / 3600,
+                        self.staged_expiry / 3600)
+            try:
+                self.audit.record("upload.expired", dataset_id=dataset_id, upload_id=uid,
+                                  age_seconds=int(age), expiry_seconds=int(self.staged_expiry))
+            except OSError as exc:  # a full disk: the part is aborted all the same
+                log.error("[Party.store] upload=%s expiry not audited: %s", uid,
+                          exc.strerror or type(exc).__name__)
+        return expired
 
     async def withdraw(self, covers: Callable[[Manifest], bool]) -> list[StoredUpload]:
         """Delete every upload whose manifest ``covers`` selects (an owner's withdrawal,
@@ -780,6 +877,9 @@ class ShareStore:
                 ("manifest.json", header.manifest),
                 ("manifest.sig", header.manifest_signature),
                 *((f"{kind}.shr", b.to_bytes()) for kind, b in bundles.items()),
+                # when this party stored it: a staged part's age counts from here
+                *(((RECEIVED_AT, f"{self._clock():.3f}\n".encode()),) if header.staged
+                  else ()),
             ):
                 with open(tmp / name, "wb") as fh:
                     fh.write(data)
