@@ -386,21 +386,55 @@ class Registry:
             )
             return int(cur.rowcount)
 
-    def decision_done(self, upload_id: str, party: int, error: str = "") -> None:
-        """``error`` empty: acknowledged; else one more failed attempt."""
+    def decision_done(self, upload_id: str, party: int, error: str = "",
+                      decision: str | None = None) -> None:
+        """``error`` empty: acknowledged; else one more failed attempt. ``decision``:
+        the one the party answered, acknowledged only if it is still the recorded one
+        (not replaced meanwhile, see :meth:`drop_expired_upload`)."""
         with self._tx() as db:
             if error:
                 db.execute(
                     "UPDATE upload_decisions SET attempts = attempts + 1, error = ?,"
-                    " updated_at = ? WHERE upload_id = ? AND party = ?",
-                    (error[:300], now(), upload_id, party),
+                    " updated_at = ? WHERE upload_id = ? AND party = ?"
+                    " AND (? IS NULL OR decision = ?)",
+                    (error[:300], now(), upload_id, party, decision, decision),
                 )
             else:
                 db.execute(
                     "UPDATE upload_decisions SET done = 1, error = '', updated_at = ?"
-                    " WHERE upload_id = ? AND party = ?",
-                    (now(), upload_id, party),
+                    " WHERE upload_id = ? AND party = ? AND (? IS NULL OR decision = ?)",
+                    (now(), upload_id, party, decision, decision),
                 )
+
+    def drop_expired_upload(self, upload_id: str, refusals: dict[int, str]) -> bool:
+        """Parties (``refusals``: party -> its refusal) refused to commit the upload, their
+        staged part expired: unless a party acknowledged the commit already, the upload
+        leaves its data set and its row count, and every party is to abort it instead
+        (each refusal kept with its decision until the abort is acknowledged), in one
+        transaction. Whether it was dropped (False: a party holds it committed)."""
+        with self._tx() as db:
+            if db.execute(
+                "SELECT 1 FROM upload_decisions WHERE upload_id = ? AND decision = 'commit'"
+                " AND done = 1", (upload_id,)
+            ).fetchone() is not None:
+                return False
+            row = db.execute("SELECT dataset_id, rows FROM uploads WHERE id = ?",
+                             (upload_id,)).fetchone()
+            if row is not None:
+                db.execute("DELETE FROM uploads WHERE id = ?", (upload_id,))
+                db.execute("UPDATE datasets SET rows = rows - ? WHERE id = ?",
+                           (int(row[1]), row[0]))
+            db.execute(
+                "UPDATE upload_decisions SET decision = 'abort', done = 0, attempts = 0,"
+                " error = '', updated_at = ? WHERE upload_id = ? AND decision = 'commit'",
+                (now(), upload_id),
+            )
+            for party, refusal in refusals.items():
+                db.execute(
+                    "UPDATE upload_decisions SET error = ? WHERE upload_id = ? AND party = ?",
+                    (refusal[:300], upload_id, party),
+                )
+            return True
 
     def decisions(
         self, *, pending: bool = False, upload_id: str | None = None,

@@ -11,6 +11,13 @@ registry until each party acknowledged them (:class:`UploadKeeper` repeats them,
 party that was down catches up when it is back; an upload whose parts were still being
 sent when the gateway stopped is aborted at the next start).
 
+A party keeps a staged part only so long (``ppfs party serve --staged-expiry-hours``),
+then aborts it itself and refuses its commit. A commit a party refuses so while no
+party has acknowledged it is turned into an abort at every party: the upload leaves its
+data set (and an owner still waiting for it is told which parties expired it). Once a
+party acknowledged the commit it stands; a party that expired the part is then named in
+the log and by ``check`` as not holding the upload.
+
 ``check`` compares what every party holds of a data set with what the gateway
 recorded; ``repair`` lets an owner re-send the original sealed part of a party that
 lost it (checked against the manifest hash recorded at upload time)."""
@@ -52,6 +59,9 @@ _ID = re.compile(ID_PATTERN)
 MASK_COLUMNS = ("mask_w0", "mask_w1")
 # how long an upload waits for a party's channel to (re)connect before sending
 READY_SECONDS = 6.0
+# what a party's refusal of a commit says when it expired the staged part itself
+# (ppfs_party.store.ShareStore.commit): it will never commit that upload
+EXPIRED_REFUSAL = "its staged part expired"
 KINDS = ("data", "mask")
 
 
@@ -305,10 +315,18 @@ class UploadKeeper:
         pending = self.registry.decisions(pending=True, upload_id=upload_id,
                                           dataset_id=dataset_id)
         if pending:
-            await asyncio.gather(*(self._send(d) for d in pending))
+            answers = await asyncio.gather(*(self._send(d) for d in pending))
+            expired: dict[str, dict[int, str]] = {}
+            for d, refusal in zip(pending, answers, strict=True):
+                if refusal:
+                    expired.setdefault(d.upload_id, {})[d.party] = refusal
+            for uid, refusals in expired.items():
+                self._expired(uid, refusals)
         return self.registry.decisions(pending=True, upload_id=upload_id, dataset_id=dataset_id)
 
-    async def _send(self, d: UploadDecision) -> None:
+    async def _send(self, d: UploadDecision) -> str:
+        """Send one decision; the party's refusal if it refused a commit because it
+        expired the staged part, else ""."""
         c = self.parties.clients[d.party]
         commit = d.decision == "commit"
         try:
@@ -319,11 +337,27 @@ class UploadKeeper:
                     "[Gateway.UploadDecision] upload=%s party=%s %s not acknowledged: %s",
                     d.upload_id, c.name, d.decision, type(exc).__name__,
                 )
-            self.registry.decision_done(d.upload_id, d.party, error=str(exc))
-            return
-        self.registry.decision_done(d.upload_id, d.party)
+            self.registry.decision_done(d.upload_id, d.party, error=str(exc),
+                                        decision=d.decision)
+            return str(exc) if commit and isinstance(exc, PartyRejected) and (
+                EXPIRED_REFUSAL in str(exc)) else ""
+        self.registry.decision_done(d.upload_id, d.party, decision=d.decision)
         log.info("[Gateway.UploadDecision] upload=%s party=%s %s acknowledged",
                  d.upload_id, c.name, d.decision)
+        return ""
+
+    def _expired(self, upload_id: str, refusals: dict[int, str]) -> None:
+        """Parties refused to commit ``upload_id``, having expired their staged part:
+        aborted everywhere and out of its data set, unless a party committed it."""
+        names = ", ".join(self.parties.clients[i].name for i in sorted(refusals))
+        if self.registry.drop_expired_upload(upload_id, refusals):
+            log.warning("[Gateway.UploadDecision] upload=%s not added: %s expired the staged "
+                        "part before the commit reached it; every party aborts it",
+                        upload_id, names)
+        else:
+            log.error("[Gateway.UploadDecision] upload=%s: %s expired the staged part before "
+                      "the commit reached it, another party committed it: held by only "
+                      "some parties (ppfs datasets check names them)", upload_id, names)
 
     # -- checks ------------------------------------------------------------------
 
@@ -585,6 +619,17 @@ async def relay_upload(
             raise type(exc)(f"{exc}; the upload was not added and no party uses any part "
                             f"of it{later}") from None
         left = await keeper.flush(upload_id=up.upload_id)
+        refusals = [d.error for d in registry.decisions(upload_id=up.upload_id)
+                    if EXPIRED_REFUSAL in d.error]
+        if refusals and registry.upload_owner(up.upload_id) is None:
+            # the commit came too late: parties had expired their staged parts (this
+            # gateway stalled past their expiry), so it was turned into an abort
+            left = await keeper.flush(upload_id=up.upload_id)
+            later = (f"; {', '.join(parties.clients[d.party].name for d in left)} will drop "
+                     "any part of it when back" if left else "")
+            raise PartyRejected(
+                "; ".join(refusals) + "; the upload was not added and no party uses any "
+                "part of it" + later)
     log.info(
         "[Gateway.Upload] dataset=%s upload=%s rows=%d columns=%d seconds=%.2f pending=%d",
         ds.id,
