@@ -22,6 +22,7 @@ from party_harness import (
     data_upload,
     identities,
     run_parties,
+    serve_parties,
     upload_messages,
 )
 from ppfs_party.server import PartyServer
@@ -214,3 +215,37 @@ def test_a_withdrawal_cut_short_is_finished_at_the_next_start(tmp_path: Path) ->
     assert not (state / "uploads" / "u1").exists()
     assert [u.manifest.upload_id for u in reopened.store.held_uploads("ds")] == ["u2"]
     assert reopened.store.status("u1") == "aborted"
+
+
+def test_a_part_withdrawn_before_it_arrived_is_refused_also_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    # a turned gateway keeps back an owner's sealed part and delivers it after the
+    # owner's withdrawal: the party keeps the withdrawal and refuses what it covers
+    held_back: list[SealedUpload] = []
+
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        a = dep.owners["owner-a"]
+        held_back.append(_upload(a, box, "u7", seed=7))  # signed now, never delivered
+        await _send(stubs, _upload(a, box, "u1"))
+        signed = Withdrawal.now("owner-a", "ds").sign(a.key)
+        for stub in stubs:
+            await _withdraw(stub, signed)
+        for i, stub in enumerate(stubs):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.PutUploadPart(upload_messages(held_back[0], i))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "withdrawn by its owner" in (info.value.details() or "")
+        await _send(stubs, _upload(a, box, "u8", seed=8))  # signed after it: accepted
+        assert await _held(stubs[0]) == ["u8"]
+
+    dep = run_parties(tmp_path, scenario)
+
+    async def after_restart(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                            box: list[bytes]) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stubs[1].PutUploadPart(upload_messages(held_back[0], 1))
+        assert "withdrawn by its owner" in (info.value.details() or "")
+
+    serve_parties(dep, after_restart)

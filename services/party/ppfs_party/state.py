@@ -64,7 +64,7 @@ class PartyState:
         covered = [u.manifest.upload_id for u in self.store.covered_uploads(w.covers)]
         stopped = await self.jobs.stop_using(
             covered, reason="an upload it uses was withdrawn by its owner")
-        deleted = await self.store.withdraw(w.covers)
+        deleted = await self.store.withdraw(signed, w)
         self.audit.record("dataset.withdrawn", dataset_id=w.dataset_id, owner_id=w.owner_id,
                           uploads=len(deleted), jobs_stopped=len(stopped),
                           withdrawal_sha256=signed.digest)

@@ -60,6 +60,7 @@ upload it sets aside leaves the cache too.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import json
@@ -90,6 +91,7 @@ from ppfs.upload import (
     unpack_bundles,
     verify_manifest,
 )
+from ppfs.withdrawal import SignedWithdrawal, Withdrawal, WithdrawalError
 from ppfs_party.audit import AuditLog
 from ppfs_party.config import DEFAULT_STAGED_EXPIRY, DEFAULT_UPLOAD_TIMEOUT, MIN_UPLOAD_RATE
 from ppfs_party.errors import (
@@ -308,6 +310,10 @@ class ShareStore:
         # damaged until the owner's repair commits the upload again
         self._damaged: dict[str, StoredUpload] = {}
         self._aborted: set[str] = set()  # durable tombstones
+        # owners' withdrawals carried out here (ppfs.withdrawal), kept so that a part they
+        # cover is refused also when it arrives later (kept back by a turned gateway)
+        self.withdrawn_dir = state_dir / "withdrawn"
+        self._withdrawals: dict[str, Withdrawal] = {}
         self._expired: set[str] = set()  # of those, the parts this party expired itself
         # aborts whose tombstone write failed midway: refused, as the tombstone may be on disk
         self._abort_unsure: set[str] = set()
@@ -321,6 +327,7 @@ class ShareStore:
         Tombstones are read first: an upload whose id is tombstoned is never indexed
         (a staged one is deleted: an abort was cut short between its tombstone and the
         deletion; a committed one is left on disk for the operator but not used)."""
+        self._open_withdrawals()
         self.aborted_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._aborted = set()
         self._expired = set()
@@ -384,6 +391,23 @@ class ShareStore:
             if manifest.upload_id not in self._uploads | self._staged:
                 self._damaged[manifest.upload_id] = StoredUpload(
                     manifest, frozenset(), d, None, self.party)
+
+    def _open_withdrawals(self) -> None:
+        self.withdrawn_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._withdrawals = {}
+        for path in sorted(self.withdrawn_dir.iterdir()):
+            if path.name.startswith("."):  # a write cut short: never answered
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                d = json.loads(path.read_bytes())
+                statement = base64.b64decode(d["statement"], validate=True)
+                self._withdrawals[path.stem] = Withdrawal.from_bytes(statement)
+            except (OSError, ValueError, KeyError, TypeError, WithdrawalError):
+                raise CorruptStateError(
+                    f"owner's withdrawal {path} cannot be read; the party does not start "
+                    "without it (a part it covers could be stored again): restore it from "
+                    "a backup, or have the owner withdraw again") from None
 
     def _move_aside(self, d: Path) -> Path | None:
         """Move an upload directory to ``damaged/`` (kept for the operator, its id free
@@ -661,14 +685,26 @@ class ShareStore:
                           exc.strerror or type(exc).__name__)
         return expired
 
-    async def withdraw(self, covers: Callable[[Manifest], bool]) -> list[StoredUpload]:
-        """Delete every upload whose manifest ``covers`` selects (an owner's withdrawal,
-        :class:`ppfs.withdrawal.Withdrawal`): committed, staged or set aside as damaged.
-        Each id is tombstoned first, so that from then on it is refused (a repair, or a
+    async def withdraw(self, signed: SignedWithdrawal, w: Withdrawal) -> list[StoredUpload]:
+        """Carry out an owner's verified withdrawal: kept first (durably), so that a part
+        it covers is refused from then on, also one that arrives later; then every upload
+        it covers is deleted: committed, staged or set aside as damaged. Each id is
+        tombstoned first, so that from then on it is refused (a repair, or a
         copy of the sealed part the gateway kept, cannot bring it back), whatever the
         crash point; then it leaves the index and the bundle cache, and its directory is
         deleted. Returns the uploads deleted now (none when asked again)."""
+        covers = w.covers
         async with self._lock:
+            if signed.digest not in self._withdrawals:
+                try:
+                    await asyncio.to_thread(
+                        write_durable, self.withdrawn_dir / f"{signed.digest}.json",
+                        json.dumps({"statement": base64.b64encode(signed.statement).decode(),
+                                    "signature": base64.b64encode(signed.signature).decode()}
+                                   ).encode())
+                except OSError as exc:
+                    raise storage_error(exc, "keeping the withdrawal") from None
+                self._withdrawals[signed.digest] = w
             doomed = self.covered_uploads(covers)
             for u in doomed:
                 uid = u.manifest.upload_id
@@ -748,6 +784,9 @@ class ShareStore:
             header.dataset_id, header.upload_id, header.owner_id
         ):
             raise UploadRejected("the upload header does not match the signed manifest")
+        if any(w.covers(manifest) for w in self._withdrawals.values()):
+            raise UploadRejected(f"upload {manifest.upload_id!r} was withdrawn by its owner "
+                                 "before it arrived here")
         check_id(manifest.upload_id, "upload id")
         check_id(manifest.dataset_id, "dataset id")
         manifest.signed_at()  # its place among the data set's uploads
