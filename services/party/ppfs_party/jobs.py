@@ -61,7 +61,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -672,13 +672,17 @@ class JobRunner:
         """Cancel every unfinished job that pins one of ``upload_ids`` (withdrawn by
         their owner); the ids of the jobs stopped."""
         gone = set(upload_ids)
+        return await self._refuse_unfinished(
+            lambda desc: any(u.upload_id in gone for d in desc.datasets for u in d.uploads),
+            reason)
+
+    async def _refuse_unfinished(self, relies: Callable[[party_pb2.JobDescription], bool],
+                                 reason: str) -> list[str]:
+        """Stop every unfinished job whose description ``relies`` on what this party no
+        longer accepts (it fails with ``reason``, refused here); their ids."""
         stopped = []
         for rec in list(self._records.values()):
-            if rec.final or rec.tombstone:
-                continue
-            desc = rec.description()
-            pinned = {u.upload_id for d in desc.datasets for u in d.uploads}
-            if pinned & gone:  # this party no longer accepts the job's inputs
+            if not (rec.final or rec.tombstone) and relies(rec.description()):
                 await self.cancel(rec.job_id, reason=reason, failure=FailureKind.REFUSED)
                 stopped.append(rec.job_id)
         return stopped
@@ -694,15 +698,10 @@ class JobRunner:
         r = signed.verify(key)
         async with self._start_lock:  # no job is accepted on a consent while it is kept
             await asyncio.to_thread(self.revocations.keep, signed, r)
-        stopped = []
-        for rec in list(self._records.values()):
-            if rec.final or rec.tombstone:
-                continue
-            if any(r.covers(SignedConsent(c.statement, c.signature).consent)
-                   for c in rec.description().consents):
-                await self.cancel(rec.job_id, reason="a consent it relies on was revoked by "
-                                  "its owner", failure=FailureKind.REFUSED)
-                stopped.append(rec.job_id)
+        stopped = await self._refuse_unfinished(
+            lambda desc: any(r.covers(SignedConsent(c.statement, c.signature).consent)
+                             for c in desc.consents),
+            "a consent it relies on was revoked by its owner")
         self.audit.record("consent.revoked", dataset_id=r.dataset_id, owner_id=r.owner_id,
                           recipient=r.recipient, jobs_stopped=len(stopped),
                           revocation_sha256=signed.digest)
