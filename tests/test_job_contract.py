@@ -37,7 +37,7 @@ from party_harness import (
 from party_runs import party_specs, run_every_party
 from ppfs_party import state as party_state
 from ppfs_party.errors import CorruptStateError
-from ppfs_party.revocations import RevocationBook
+from ppfs_party.kept import RevocationBook
 from ppfs_party.server import start_party_server
 from procs import processes_in
 
@@ -569,7 +569,8 @@ def test_a_kept_revocation_survives_a_restart_and_a_damaged_one_stops_the_start(
     later = dataclasses.replace(consent, created_at="2999-01-01T00:00:00Z")
     book = RevocationBook(tmp_path)
     book.open()
-    book.keep(signed, signed.verify(bytes(owner.verify_key)))
+    book.keep(signed.digest, signed.statement, signed.signature,
+              signed.verify(bytes(owner.verify_key)))
     again = RevocationBook(tmp_path)
     again.open()
     assert again.covers(consent) and not again.covers(later)

@@ -104,9 +104,9 @@ from ppfs_party.errors import (
     storage_error,
     to_status,
 )
+from ppfs_party.kept import RevocationBook
 from ppfs_party.keys import PartyKeys, fingerprint
 from ppfs_party.metrics import PartyMetrics
-from ppfs_party.revocations import RevocationBook
 from ppfs_party.store import MAX_TOMBSTONES, ShareStore, StoredUpload, check_job_id
 
 log = logging.getLogger("ppfs.party")
@@ -697,7 +697,8 @@ class JobRunner:
             raise WithdrawalError(f"owner {asked.owner_id!r} is not registered at this party")
         r = signed.verify(key)
         async with self._start_lock:  # no job is accepted on a consent while it is kept
-            await asyncio.to_thread(self.revocations.keep, signed, r)
+            await asyncio.to_thread(self.revocations.keep, signed.digest, signed.statement,
+                                    signed.signature, r)
         stopped = await self._refuse_unfinished(
             lambda desc: any(r.covers(SignedConsent(c.statement, c.signature).consent)
                              for c in desc.consents),

@@ -60,7 +60,6 @@ upload it sets aside leaves the cache too.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
 import json
@@ -91,7 +90,7 @@ from ppfs.upload import (
     unpack_bundles,
     verify_manifest,
 )
-from ppfs.withdrawal import SignedWithdrawal, Withdrawal, WithdrawalError
+from ppfs.withdrawal import SignedWithdrawal, Withdrawal
 from ppfs_party.audit import AuditLog
 from ppfs_party.config import DEFAULT_STAGED_EXPIRY, DEFAULT_UPLOAD_TIMEOUT, MIN_UPLOAD_RATE
 from ppfs_party.errors import (
@@ -107,6 +106,7 @@ from ppfs_party.errors import (
     UploadUnauthorizedError,
     storage_error,
 )
+from ppfs_party.kept import KeptStatements
 
 log = logging.getLogger("ppfs.party")
 
@@ -312,8 +312,9 @@ class ShareStore:
         self._aborted: set[str] = set()  # durable tombstones
         # owners' withdrawals carried out here (ppfs.withdrawal), kept so that a part they
         # cover is refused also when it arrives later (kept back by a turned gateway)
-        self.withdrawn_dir = state_dir / "withdrawn"
-        self._withdrawals: dict[str, Withdrawal] = {}
+        self._withdrawals = KeptStatements(
+            state_dir / "withdrawn", Withdrawal.from_bytes, "owner's withdrawal",
+            "a part it covers could be stored again")
         self._expired: set[str] = set()  # of those, the parts this party expired itself
         # aborts whose tombstone write failed midway: refused, as the tombstone may be on disk
         self._abort_unsure: set[str] = set()
@@ -327,7 +328,7 @@ class ShareStore:
         Tombstones are read first: an upload whose id is tombstoned is never indexed
         (a staged one is deleted: an abort was cut short between its tombstone and the
         deletion; a committed one is left on disk for the operator but not used)."""
-        self._open_withdrawals()
+        self._withdrawals.open()
         self.aborted_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._aborted = set()
         self._expired = set()
@@ -391,23 +392,6 @@ class ShareStore:
             if manifest.upload_id not in self._uploads | self._staged:
                 self._damaged[manifest.upload_id] = StoredUpload(
                     manifest, frozenset(), d, None, self.party)
-
-    def _open_withdrawals(self) -> None:
-        self.withdrawn_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._withdrawals = {}
-        for path in sorted(self.withdrawn_dir.iterdir()):
-            if path.name.startswith("."):  # a write cut short: never answered
-                path.unlink(missing_ok=True)
-                continue
-            try:
-                d = json.loads(path.read_bytes())
-                statement = base64.b64decode(d["statement"], validate=True)
-                self._withdrawals[path.stem] = Withdrawal.from_bytes(statement)
-            except (OSError, ValueError, KeyError, TypeError, WithdrawalError):
-                raise CorruptStateError(
-                    f"owner's withdrawal {path} cannot be read; the party does not start "
-                    "without it (a part it covers could be stored again): restore it from "
-                    "a backup, or have the owner withdraw again") from None
 
     def _move_aside(self, d: Path) -> Path | None:
         """Move an upload directory to ``damaged/`` (kept for the operator, its id free
@@ -695,16 +679,11 @@ class ShareStore:
         deleted. Returns the uploads deleted now (none when asked again)."""
         covers = w.covers
         async with self._lock:
-            if signed.digest not in self._withdrawals:
-                try:
-                    await asyncio.to_thread(
-                        write_durable, self.withdrawn_dir / f"{signed.digest}.json",
-                        json.dumps({"statement": base64.b64encode(signed.statement).decode(),
-                                    "signature": base64.b64encode(signed.signature).decode()}
-                                   ).encode())
-                except OSError as exc:
-                    raise storage_error(exc, "keeping the withdrawal") from None
-                self._withdrawals[signed.digest] = w
+            try:
+                await asyncio.to_thread(self._withdrawals.keep, signed.digest,
+                                        signed.statement, signed.signature, w)
+            except OSError as exc:
+                raise storage_error(exc, "keeping the withdrawal") from None
             doomed = self.covered_uploads(covers)
             for u in doomed:
                 uid = u.manifest.upload_id
@@ -784,7 +763,7 @@ class ShareStore:
             header.dataset_id, header.upload_id, header.owner_id
         ):
             raise UploadRejected("the upload header does not match the signed manifest")
-        if any(w.covers(manifest) for w in self._withdrawals.values()):
+        if any(w.covers(manifest) for w in self._withdrawals):
             raise UploadRejected(f"upload {manifest.upload_id!r} was withdrawn by its owner "
                                  "before it arrived here")
         check_id(manifest.upload_id, "upload id")
