@@ -121,7 +121,9 @@ class Withdrawal:
 
 
 @dataclass(frozen=True)
-class SignedWithdrawal:
+class _Signed:
+    """An owner's statement and its Ed25519 signature."""
+
     statement: bytes
     signature: bytes
 
@@ -129,15 +131,20 @@ class SignedWithdrawal:
     def digest(self) -> str:
         return hashlib.sha256(self.statement).hexdigest()
 
-    def verify(self, owner_key: bytes) -> Withdrawal:
-        """The withdrawal, if ``owner_key`` signed it; WithdrawalError otherwise."""
-        w = Withdrawal.from_bytes(self.statement)
+    def _check(self, owner_key: bytes, owner_id: str, what: str) -> None:
         try:
             VerifyKey(owner_key).verify(self.statement, self.signature)
         except (BadSignatureError, ValueError):
             raise WithdrawalError(
-                f"the withdrawal is not signed by the key registered for {w.owner_id!r}"
-            ) from None
+                f"the {what} is not signed by the key registered for {owner_id!r}") from None
+
+
+@dataclass(frozen=True)
+class SignedWithdrawal(_Signed):
+    def verify(self, owner_key: bytes) -> Withdrawal:
+        """The withdrawal, if ``owner_key`` signed it; WithdrawalError otherwise."""
+        w = Withdrawal.from_bytes(self.statement)
+        self._check(owner_key, w.owner_id, "withdrawal")
         return w
 
 
@@ -281,23 +288,11 @@ class Revocation:
 
 
 @dataclass(frozen=True)
-class SignedRevocation:
-    statement: bytes
-    signature: bytes
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256(self.statement).hexdigest()
-
+class SignedRevocation(_Signed):
     def verify(self, owner_key: bytes) -> Revocation:
         """The revocation, if ``owner_key`` signed it; WithdrawalError otherwise."""
         r = Revocation.from_bytes(self.statement)
-        try:
-            VerifyKey(owner_key).verify(self.statement, self.signature)
-        except (BadSignatureError, ValueError):
-            raise WithdrawalError(
-                f"the revocation is not signed by the key registered for {r.owner_id!r}"
-            ) from None
+        self._check(owner_key, r.owner_id, "revocation")
         return r
 
 

@@ -20,6 +20,7 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ppfs.contract import Consent
 from ppfs.errors import PpfsError
@@ -54,14 +55,7 @@ class Relayed:
 async def relay_withdrawal(registry: Registry, parties: Parties, ds: DatasetRecord,
                            who: Principal, statement: bytes, signature: bytes) -> Relayed:
     """Relay the owner's signed withdrawal of its uploads of ``ds`` to every party."""
-    try:
-        w = Withdrawal.from_bytes(statement)
-    except WithdrawalError as exc:
-        raise InvalidRequest(str(exc)) from None
-    if w.owner_id != who.subject:
-        raise Forbidden("a withdrawal is made by the owner it names")
-    if w.dataset_id != ds.id:
-        raise InvalidRequest(f"the withdrawal names data set {w.dataset_id!r}, not {ds.id!r}")
+    w = _owners_own(Withdrawal.from_bytes, statement, who, ds, "withdrawal")
 
     answers = await _ask_every_party(
         parties, lambda c: c.withdraw(statement, signature))
@@ -80,14 +74,7 @@ async def relay_revocation(registry: Registry, parties: Parties, ds: DatasetReco
                            who: Principal, statement: bytes, signature: bytes) -> Relayed:
     """Relay the owner's signed revocation of its consents on ``ds`` to every party;
     once a party kept it, the consents it covers leave the gateway's record."""
-    try:
-        r = Revocation.from_bytes(statement)
-    except WithdrawalError as exc:
-        raise InvalidRequest(str(exc)) from None
-    if r.owner_id != who.subject:
-        raise Forbidden("a revocation is made by the owner it names")
-    if r.dataset_id != ds.id:
-        raise InvalidRequest(f"the revocation names data set {r.dataset_id!r}, not {ds.id!r}")
+    r = _owners_own(Revocation.from_bytes, statement, who, ds, "revocation")
     answers = await _ask_every_party(
         parties, lambda c: c.revoke_consents(statement, signature))
     removed = []
@@ -100,6 +87,24 @@ async def relay_revocation(registry: Registry, parties: Parties, ds: DatasetReco
              "parties answered=%d/%d", ds.id, r.owner_id, r.recipient, len(removed),
              sum(not a.error for a in answers), len(answers))
     return Relayed(hashlib.sha256(statement).hexdigest(), tuple(removed), tuple(answers))
+
+
+S = TypeVar("S", Withdrawal, Revocation)
+
+
+def _owners_own(parse: Callable[[bytes], S], statement: bytes, who: Principal,
+                ds: DatasetRecord, what: str) -> S:
+    """The statement, if it is the caller's own about ``ds``; refused otherwise (the
+    parties check the owner's signature: the gateway holds no owner keys)."""
+    try:
+        parsed = parse(statement)
+    except WithdrawalError as exc:
+        raise InvalidRequest(str(exc)) from None
+    if parsed.owner_id != who.subject:
+        raise Forbidden(f"a {what} is made by the owner it names")
+    if parsed.dataset_id != ds.id:
+        raise InvalidRequest(f"the {what} names data set {parsed.dataset_id!r}, not {ds.id!r}")
+    return parsed
 
 
 async def _ask_every_party(
