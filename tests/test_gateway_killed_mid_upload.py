@@ -104,6 +104,9 @@ class Deployment:
             "host": "127.0.0.1",
             "port": self.port,
             "max_concurrent_jobs": 1,
+            # Carol, paused, holds the second upload until the gateway is killed: give a
+            # silent party's upload part far longer than the test needs to kill it
+            "party_rpc_seconds": 30.0,
         }))
         self.start_gateway()
 

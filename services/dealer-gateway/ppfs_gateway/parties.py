@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,12 @@ CHUNK = 1 << 20  # bytes of sealed data per PutUploadPart message
 _MAX_DETAIL = 200
 # what a party answers for an error it does not name (ppfs_party.errors.INTERNAL_MESSAGE)
 PARTY_INTERNAL = "Internal server error."
+# An upload part gets an instant answer's time plus one second per this many bytes
+# (about 2 Mbit/s): a slow but working WAN link between gateway and party, and the
+# party's own opening and writing of the part, clear that rate many times over, while a
+# party that froze as a small part (an output mask, a few rows) was sent is named within
+# seconds, not after the whole transfer deadline.
+UPLOAD_FLOOR_BYTES_PER_SECOND = 256 << 10
 
 _REJECTED = {
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -76,6 +83,13 @@ def client_credentials(settings: Settings) -> grpc.ChannelCredentials:
     )
 
 
+def upload_part_seconds(size: int, rpc_seconds: float, transfer_seconds: float) -> float:
+    """The deadline of a call that sends ``size`` bytes to a party: ``rpc_seconds`` and
+    one second per UPLOAD_FLOOR_BYTES_PER_SECOND begun, at most ``transfer_seconds``."""
+    return min(rpc_seconds + math.ceil(size / UPLOAD_FLOOR_BYTES_PER_SECOND),
+               transfer_seconds)
+
+
 def _name(index: int) -> str:
     return PARTY_NAMES[index] if index < len(PARTY_NAMES) else f"party {index}"
 
@@ -87,7 +101,8 @@ class PartyClient:
     channel: aio.Channel
     stub: pb_grpc.PartyServiceStub
     rpc_seconds: float  # a call the party answers at once
-    transfer_seconds: float = 120.0  # a call that moves an upload part or a result part
+    # a call that moves a result part, or the cap of an upload part's (upload_part_seconds)
+    transfer_seconds: float = 120.0
 
     @property
     def name(self) -> str:
@@ -134,10 +149,12 @@ class PartyClient:
             for off in range(0, len(sealed), CHUNK):
                 yield pb.UploadPartChunk(chunk=sealed[off : off + CHUNK])
 
+        seconds = upload_part_seconds(header.ByteSize() + len(sealed), self.rpc_seconds,
+                                      self.transfer_seconds)
         try:
-            return await self.stub.PutUploadPart(chunks(), timeout=self.transfer_seconds)
+            return await self.stub.PutUploadPart(chunks(), timeout=seconds)
         except aio.AioRpcError as exc:
-            raise self._error(exc, "the upload", self.transfer_seconds) from None
+            raise self._error(exc, "the upload", seconds) from None
 
     async def decide_upload(
         self, dataset_id: str, upload_id: str, commit: bool, timeout: float | None = None

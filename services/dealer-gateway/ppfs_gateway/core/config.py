@@ -91,7 +91,9 @@ class Settings(BaseModel):
     # or reporting a job): a party silent for this long is named as not answering (frozen
     # or overloaded), so a submit fails within seconds instead of waiting on it
     party_rpc_seconds: float = Field(default=5.0, gt=0)
-    # a call that moves a sealed upload part or result part, which may be large
+    # a call that moves a sealed result part, which may be large; also the cap of an
+    # upload part's deadline, which is party_rpc_seconds plus a second per 256 KiB of the
+    # part (ppfs_gateway.parties.upload_part_seconds)
     party_transfer_seconds: float = Field(default=120.0, gt=0)
     # jobs running side by side (started in submission order); capped by the smallest
     # party MPC port range, as each running job holds one port of every party
