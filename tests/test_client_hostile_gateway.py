@@ -5,10 +5,12 @@ The gateway is not trusted: whatever it sends (not JSON, the wrong shape, a redi
 an endless or dripping body, an endless event line) ends in one error line naming the
 problem, with no traceback and no token, and nothing kept as if it had succeeded. A
 client killed while it submits keeps what it needs to open the job's result as the
-answer to the request it signed."""
+answer to the request it signed; a submission the gateway says created no job is not
+left pending, and a gateway that says so falsely cannot have that job's result opened."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.server
 import json
@@ -27,8 +29,14 @@ import numpy as np
 import pytest
 from ppfs_cli.main import main
 from ppfs_client.keys import ClientKeys
-from ppfs_client.sdk import MAX_ANSWER_BYTES, ApiError, GatewayClient, RefusedAnswer
-from service_fakes import horizontal_setup, make_stack, wait_final
+from ppfs_client.sdk import (
+    MAX_ANSWER_BYTES,
+    ApiError,
+    GatewayClient,
+    RefusedAnswer,
+    ResultRejected,
+)
+from service_fakes import horizontal_setup, make_stack, run_cli, wait_final
 
 from ppfs.errors import ParameterError
 
@@ -378,6 +386,163 @@ def test_submit_killed_before_its_job_id_is_kept_still_binds_the_result(
         assert asked["dataset_ids"] == ids and asked["k"] == 2
         assert asked["mask_upload_id"] == jobs[0]["mask_upload_id"]
         assert s.keys["analyst-1"].pending_requests() == []
+    finally:
+        proxy.close()
+        s.close()
+
+
+NO_JOB_ID = "got no job id back"
+
+
+def submit_argv(t: Any, ids: list[str], mask_upload_id: str) -> list[str]:
+    return ["jobs", "submit", "--dataset", ids[0], "--dataset", ids[1], "--label",
+            t.label_column, "--k", "2", "--engine", "mpyc", "--mask-upload", mask_upload_id]
+
+
+def test_a_submit_the_parties_refuse_leaves_no_pending_request(
+    tmp_path: Path, clean_env: None, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`jobs submit --mask-upload` (no validation call first) while a party is down: the
+    gateway answers 502 stating that no job was created, so the signed request is not
+    left waiting for a job id, and the next submit says nothing of one."""
+    s = make_stack(tmp_path / "stack", party_rpc_seconds=2.0)
+    try:
+        t, ids, _ = horizontal_setup(s)
+        analyst, keys = s.client("analyst-1"), s.keys["analyst-1"]
+        masks = [analyst.create_masks(keys, 2) for _ in range(2)]
+        s.loop.run(s.cluster.stop_party(2))
+        rc, _, err = run_cli(capsys, s, "analyst-1", *submit_argv(t, ids, masks[0]))
+        assert rc != 0 and "(502)" in err and "no job was submitted" in err, err
+        assert analyst.list_jobs() == []
+        assert keys.pending_requests() == []
+        # the statement the client went by: a structured field of the problem details
+        body = dict(job_body_of(t, ids, masks[1]), request=None)
+        r = httpx.post(s.gateway.url + "/v1/jobs", json=body, timeout=30,
+                       headers={"Authorization": f"Bearer {s.token['analyst-1']}"})
+        assert r.status_code == 502, r.text
+        assert r.json()["job_created"] is False
+        assert r.json()["no_job_reason"] == "party-unavailable"
+
+        s.loop.run(s.cluster.start_party(2))
+        rc, out, err = run_cli(capsys, s, "analyst-1", *submit_argv(t, ids, masks[1]))
+        assert rc == 0, err
+        assert NO_JOB_ID not in err
+        assert wait_final(analyst, out.strip())["state"] == "succeeded"
+    finally:
+        s.close()
+
+
+def job_body_of(t: Any, ids: list[str], mask_upload_id: str) -> dict[str, Any]:
+    return {"dataset_ids": ids, "combination": "horizontal", "label_column": t.label_column,
+            "k": 2, "security": "passive-3pc", "engine": "mpyc",
+            "mask_upload_id": mask_upload_id,
+            "recipient_public_key": base64.b64encode(bytes(32)).decode()}
+
+
+class LyingProxy(Server):
+    """Relays to the gateway; answers ``POST /v1/jobs`` with ``status`` and ``problem``
+    instead of the gateway's answer, after the gateway took the job when ``forward``."""
+
+    def __init__(self, upstream: str, status: int, problem: dict[str, Any] | None,
+                 forward: bool) -> None:
+        def relay(h: Any) -> None:
+            headers = {k: v for k, v in h.headers.items()
+                       if k.lower() in ("authorization", "content-type")}
+            lie = h.command == "POST" and h.path == "/v1/jobs"
+            if lie and not forward:
+                r = None
+            else:
+                r = httpx.request(h.command, upstream + h.path, headers=headers,
+                                  content=h.body, timeout=60)
+            if lie:
+                body = json.dumps(problem).encode() if problem is not None else b"Bad Gateway"
+                ctype = "application/problem+json" if problem is not None else "text/plain"
+                answer(status, body, ctype)(h)
+                return
+            assert r is not None
+            answer(r.status_code, r.content,
+                   r.headers.get("content-type", "application/json"))(h)
+
+        super().__init__(relay)
+
+
+def test_a_gateway_that_says_no_job_was_created_yet_runs_one_gains_nothing(
+    tmp_path: Path, clean_env: None, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client drops its pending request on the gateway's word that no job was
+    created. A gateway that lies (runs the job all the same) cannot have that job's
+    result opened: the request is kept as refused, and the result the parties signed as
+    its answer is refused; nor can it pass the job off as a later submission's."""
+    s = make_stack(tmp_path / "stack")
+    lie = {"type": "https://ppfs.dev/problems/party-unavailable", "status": 502,
+           "title": "A computing party did not answer", "detail": "Carol did not answer",
+           "job_created": False, "no_job_reason": "party-unavailable"}
+    proxy = LyingProxy(s.gateway.url, 502, lie, forward=True)
+    try:
+        t, ids, _ = horizontal_setup(s)
+        analyst, keys = s.client("analyst-1"), s.keys["analyst-1"]
+        masks = [analyst.create_masks(keys, 2) for _ in range(2)]
+        monkeypatch.setattr(s.gateway, "url", proxy.url)
+        rc, _, err = run_cli(capsys, s, "analyst-1", *submit_argv(t, ids, masks[0]))
+        assert rc != 0 and "(502)" in err, err
+        assert keys.pending_requests() == []
+        jobs = analyst.list_jobs()
+        assert len(jobs) == 1  # it lied: the job runs
+        job_id = jobs[0]["id"]
+        assert wait_final(analyst, job_id)["state"] == "succeeded"
+        rc, _, err = run_cli(capsys, s, "analyst-1", "result", "fetch", job_id)
+        assert rc != 0 and "said no job was created" in one_error_line(err), err
+        assert keys.load_job_request(job_id) is None
+        # nor as the answer to the next request this key signs (the gateway answers that
+        # submission with this job's id)
+        keys.save_job_request(job_id, _next_request(s, t, ids, masks[1]))
+        with pytest.raises(ResultRejected, match="another request"):
+            analyst.fetch_result(keys, job_id)
+    finally:
+        proxy.close()
+        s.close()
+
+
+def _next_request(s: Any, t: Any, ids: list[str], mask_upload_id: str) -> Any:
+    """A request this key signs as a later submission's (what a lying gateway would
+    answer with the earlier job's id)."""
+    from ppfs.contract import JobRequest
+
+    keys = s.keys["analyst-1"]
+    return JobRequest(
+        recipient=keys.subject, recipient_public_key=keys.box_public_key,
+        mask_upload_id=mask_upload_id, dataset_ids=tuple(ids), combination="horizontal",
+        label_column=t.label_column, k=2, security="passive-3pc", engine="mpyc",
+        scorer="ms-gini", training=None,
+    ).sign(keys.signing)
+
+
+@pytest.mark.parametrize("status", [502, 503])
+@pytest.mark.parametrize("problem", [None, {"title": "Bad Gateway", "status": 0}],
+                         ids=["plain", "problem-without-statement"])
+def test_a_5xx_that_does_not_say_keeps_the_pending_request(
+    tmp_path: Path, clean_env: None, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, status: int, problem: dict[str, Any] | None,
+) -> None:
+    """A 502/503 that does not state that no job was created (a proxy's error page, a
+    crashed gateway) may hide a job: the signed request stays kept, and the next submit
+    says so, in words true of it."""
+    s = make_stack(tmp_path / "stack")
+    if problem is not None:
+        problem = dict(problem, status=status)
+    proxy = LyingProxy(s.gateway.url, status, problem, forward=False)
+    try:
+        t, ids, _ = horizontal_setup(s)
+        analyst, keys = s.client("analyst-1"), s.keys["analyst-1"]
+        masks = [analyst.create_masks(keys, 2) for _ in range(2)]
+        monkeypatch.setattr(s.gateway, "url", proxy.url)
+        rc, _, err = run_cli(capsys, s, "analyst-1", *submit_argv(t, ids, masks[0]))
+        assert rc != 0 and f"({status})" in err, err
+        assert len(keys.pending_requests()) == 1
+        rc, _, err = run_cli(capsys, s, "analyst-1", *submit_argv(t, ids, masks[1]))
+        assert NO_JOB_ID in err and "did not say whether" in err, err
+        assert len(keys.pending_requests()) == 2
     finally:
         proxy.close()
         s.close()

@@ -636,7 +636,8 @@ def _jobs_submit(args: argparse.Namespace) -> int:
     pending = keys.pending_requests()
     if pending:
         print(f"ppfs: note: {len(pending)} earlier submission(s) with this key got no job id "
-              f"back (the client stopped, or the gateway did not answer); if one became a "
+              f"back (the client stopped first, the gateway did not answer, or it answered "
+              f"with an error that did not say whether it created a job); if one became a "
               f"job (`ppfs jobs list`), `ppfs result fetch JOB_ID` checks it against the "
               f"request kept in {pending[0].parent}", file=sys.stderr)
     with _client(args) as client:

@@ -158,12 +158,12 @@ class ClientKeys:
             missing_ok=True)
         return path
 
-    def _pending_path(self, request_sha256: str) -> Path:
+    def _pending_path(self, request_sha256: str, folder: str = "pending") -> Path:
         if self.path is None:
             raise ParameterError("submitted requests need a key file on disk to live next to")
         if not re.fullmatch(r"[0-9a-f]{64}", request_sha256):
             raise ParameterError("not a request hash")
-        return self.path.with_name(self.path.name + ".jobs") / "pending" / \
+        return self.path.with_name(self.path.name + ".jobs") / folder / \
             f"{request_sha256}.json"
 
     def keep_pending_request(self, request: SignedRequest) -> Path | None:
@@ -177,10 +177,21 @@ class ClientKeys:
         return path
 
     def drop_pending_request(self, request: SignedRequest) -> None:
-        """The gateway refused the request: no job answers it."""
-        if self.path is not None:
-            self._pending_path(hashlib.sha256(request.statement).hexdigest()).unlink(
-                missing_ok=True)
+        """The gateway refused the request: no job answers it. It is no longer pending,
+        but kept as refused (:meth:`was_refused`): a gateway that said so and ran it all
+        the same does not have its result opened."""
+        if self.path is None:
+            return
+        sha = hashlib.sha256(request.statement).hexdigest()
+        write_private(self._pending_path(sha, "refused"), _request_json(request))
+        self._pending_path(sha).unlink(missing_ok=True)
+
+    def was_refused(self, request_sha256: str) -> bool:
+        """Whether the gateway refused the request of SHA-256 ``request_sha256`` when this
+        key file submitted it (no job was created, it said)."""
+        if self.path is None:
+            return False
+        return self._pending_path(request_sha256, "refused").is_file()
 
     def pending_requests(self) -> list[Path]:
         """Requests submitted with this key file whose job id was never kept."""

@@ -90,11 +90,15 @@ class RefusedAnswer(PpfsError):
 class ApiError(PpfsError):
     """The gateway answered with a problem (RFC 9457), or not at all (status 0)."""
 
-    def __init__(self, status: int, title: str, detail: str) -> None:
+    def __init__(self, status: int, title: str, detail: str,
+                 job_created: bool | None = None) -> None:
         super().__init__(f"{title} ({status}): {detail}" if detail else f"{title} ({status})")
         self.status = status
         self.title = title
         self.detail = detail
+        # False when the gateway's problem states that no job was created (a refused
+        # submission); None when it does not say
+        self.job_created = job_created
 
 
 class DatasetNameTaken(ParameterError):
@@ -424,7 +428,8 @@ class GatewayClient:
             if not isinstance(p, dict):
                 raise ApiError(resp.status_code, resp.reason_phrase or "error", "")
             raise ApiError(resp.status_code, str(p.get("title", ""))[:200],
-                           str(p.get("detail", ""))[:2000])
+                           str(p.get("detail", ""))[:2000],
+                           job_created=False if p.get("job_created") is False else None)
         return parse_answer(body, what)
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
@@ -799,7 +804,14 @@ class GatewayClient:
         try:
             job = self.submit_job(body)
         except ApiError as exc:
-            if 400 <= exc.status < 500:  # refused: no job answers it
+            # refused (4xx), or a 5xx stating that no job was created (a party that did not
+            # answer or failed, the gateway's disk): no job answers it. Taken on the
+            # gateway's word, which gains a lying gateway nothing: the request is kept as
+            # refused, and a result the parties signed as its answer is refused
+            # (open_selection), as is that job passed off as another request's (its kept
+            # request differs). A 5xx that does not say (a crash, a proxy's error page, a
+            # time-out) may hide a job: the request stays pending.
+            if 400 <= exc.status < 500 or exc.job_created is False:
                 keys.drop_pending_request(req)
             raise
         # kept, so that this job's result opens only as the answer to this request
@@ -986,6 +998,11 @@ def open_selection(
     asked = keys.load_job_request(job_id)
     if asked is None:  # submitted, but the client stopped before it kept the job id
         asked = keys.adopt_pending_request(job_id, st.request_sha256)
+    if asked is None and keys.was_refused(st.request_sha256):
+        raise ResultRejected(
+            f"the gateway said no job was created for the request the parties ran as job "
+            f"{job_id}: do not trust the gateway; submit again if you still want its answer"
+        )
     if asked is not None and st.request_sha256 != hashlib.sha256(asked.statement).hexdigest():
         raise ResultRejected(
             f"the parties ran job {job_id} for another request than the one this key "

@@ -126,6 +126,20 @@ class PartyRejected(GatewayError):
     type_slug = "party-rejected"
 
 
+def no_job_created(exc: Exception) -> None:
+    """Mark ``exc``, raised by a job submission before the job was recorded: its problem
+    details then state ``job_created: false`` (and the reason, as the problem type's
+    slug), whatever its status: a 4xx, a party that did not answer or failed (502), the
+    gateway's disk (507), an unexpected failure (500). Never said once the job's row is
+    committed: that is when the job exists."""
+    exc.job_created = False  # type: ignore[attr-defined]
+
+
+def job_created(exc: Exception) -> bool | None:
+    """False if ``exc`` was marked by :func:`no_job_created`; None (not said) otherwise."""
+    return False if getattr(exc, "job_created", None) is False else None
+
+
 def classify(exc: PpfsError) -> tuple[int, str, str]:
     """(status, title, type slug) for any domain error."""
     if isinstance(exc, GatewayError):

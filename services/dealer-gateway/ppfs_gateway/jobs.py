@@ -60,6 +60,7 @@ from ppfs_gateway.errors import (
     IncompatibleSchemas,
     InvalidRequest,
     NotFound,
+    no_job_created,
 )
 from ppfs_gateway.parties import Parties, PartyClient
 from ppfs_gateway.registry import FINAL_STATES, JobRecord, PartyJobState, Registry
@@ -342,6 +343,27 @@ class JobCoordinator:
         return plan
 
     async def submit(self, who: Principal, spec: JobSpec) -> JobRecord:
+        """Record the job and start it. Whatever is raised before the job's row is
+        committed says so (:func:`no_job_created`): a client that signed the request then
+        knows that no job answers it, also when the refusal is a 5xx (a party that did not
+        answer or failed, 502; the gateway's disk, 507)."""
+        try:
+            job_id = await self._record(who, spec)
+        except Exception as exc:
+            no_job_created(exc)
+            raise
+        log.info(
+            "[Gateway.SubmitJob] job=%s datasets=%d k=%d", job_id, len(spec.dataset_ids), spec.k
+        )
+        self._spawn(job_id, resume=False)
+        job = self.registry.get_job(job_id)
+        assert job is not None
+        if self.on_change is not None:
+            self.on_change(job)
+        return job
+
+    async def _record(self, who: Principal, spec: JobSpec) -> str:
+        """Every check of a submission, then the job's row (one transaction): its id."""
         if who.role not in (Role.ANALYST, Role.DATA_OWNER, Role.ADMIN):
             raise Forbidden("this role cannot submit jobs")
         identities = await self.parties.identities()
@@ -375,15 +397,7 @@ class JobCoordinator:
             "outputs": plan.shape.outputs,
         }
         self.registry.create_job(job_id, who.subject, request, blob, sha, len(self.parties))
-        log.info(
-            "[Gateway.SubmitJob] job=%s datasets=%d k=%d", job_id, len(spec.dataset_ids), spec.k
-        )
-        self._spawn(job_id, resume=False)
-        job = self.registry.get_job(job_id)
-        assert job is not None
-        if self.on_change is not None:
-            self.on_change(job)
-        return job
+        return job_id
 
     def _spawn(self, job_id: str, resume: bool) -> None:
         task = asyncio.create_task(self._run(job_id, resume), name=f"job-{job_id}")

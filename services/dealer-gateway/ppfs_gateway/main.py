@@ -32,7 +32,7 @@ from ppfs_gateway.api.schemas import problem_responses
 from ppfs_gateway.auth import TokenTable
 from ppfs_gateway.console import install_console
 from ppfs_gateway.core.config import Settings
-from ppfs_gateway.errors import Unauthenticated, classify, storage_error
+from ppfs_gateway.errors import Unauthenticated, classify, job_created, storage_error
 from ppfs_gateway.jobs import JobCoordinator
 from ppfs_gateway.metrics import GatewayMetrics, MetricsMiddleware
 from ppfs_gateway.metrics import router as metrics_router
@@ -58,6 +58,14 @@ def problem(
     }
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def _no_job(exc: Exception, slug: str) -> dict[str, Any]:
+    """A submission refused before its job was recorded states so, with the reason (the
+    problem type's slug): the client then drops the signed request it kept for the job
+    it might have become. Not trusted on its own: a client keeps that request as refused,
+    and refuses a result the parties signed as its answer."""
+    return {"job_created": False, "no_job_reason": slug} if job_created(exc) is False else {}
 
 
 # query parameter names that would carry a credential; such a request is refused
@@ -300,7 +308,7 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
             log.warning("[Gateway] %s %s -> %d %s", request.method, request.url.path, status, title)
             if status in (502, 507):
                 detail = str(exc)  # names the party, or the gateway's disk, nothing else
-        return problem(status, title, detail, slug, request.url.path)
+        return problem(status, title, detail, slug, request.url.path, **_no_job(exc, slug))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -330,7 +338,8 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
             "[Gateway] %s %s failed: %s", request.method, request.url.path, type(exc).__name__
         )
         return problem(
-            500, "Internal server error", "Internal server error.", "internal", request.url.path
+            500, "Internal server error", "Internal server error.", "internal", request.url.path,
+            **_no_job(exc, "internal"),
         )
 
     app.add_middleware(

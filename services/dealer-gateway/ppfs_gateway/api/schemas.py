@@ -331,6 +331,10 @@ class ProblemOut(BaseModel):
     detail: str
     instance: str
     errors: list[dict[str, Any]] | None = None
+    # a job submission refused before its job was recorded (any status, 5xx too): false,
+    # and the reason (the problem type's slug); absent where the gateway does not know
+    job_created: bool | None = None
+    no_job_reason: str | None = None
 
 
 def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
