@@ -278,17 +278,14 @@ _KEY_FILES = re.compile(
 _MASKED_FILES = re.compile(r"(\.sealed|part[^/]*|opened\.u64)$")
 
 
-def _subs(run: Run) -> list[tuple[str, str]]:
-    """Per-run strings that stand for the same thing in every run: its directory and
-    its ports."""
-    out = [(str(run.root.resolve()), "<root>"), (str(run.root), "<root>")]
-    out += [(str(p), f"<port{i}>") for i, p in enumerate(run.ports)]
-    return out
-
-
 def _text(text: str, run: Run) -> str:
-    for old, new in _subs(run):
-        text = text.replace(old, new)
+    """``text`` with what stands for the same thing in every run named alike: the run's
+    directory, its ports (as whole numbers: a port's digits inside a time, "Time =
+    0.0412345 seconds", are the time's), times, durations and process ids."""
+    for root in (str(run.root.resolve()), str(run.root)):
+        text = text.replace(root, "<root>")
+    for i, port in enumerate(run.ports):
+        text = re.sub(rf"(?<![\d.]){port}(?!\d)", f"<port{i}>", text)
     text = _TIMESTAMP.sub("<ts>", text)
     text = _PID.sub("pid=<pid>", text)
     text = _CPU_TIME.sub(r"\1<n>", text)
