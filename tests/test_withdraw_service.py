@@ -6,6 +6,7 @@ or swaps a receipt, is caught and the party named."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import time
@@ -306,3 +307,32 @@ def test_an_owner_revokes_its_consents_and_every_party_refuses_them(
     done = wait_final(analyst, job["id"], timeout=60)
     assert done["state"] == "failed", done
     assert "from owner 'owner-b'" in done["error"] and "'owner-a'" not in done["error"], done
+
+
+def test_a_party_frozen_on_a_withdrawal_is_named_within_its_deadline(
+    stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Carol accepts the call and never answers (frozen): the owner's command names her
+    # after an instant answer's time plus WITHDRAW_EXTRA_SECONDS, not a transfer's time
+    from ppfs_gateway import parties
+    from ppfs_party.state import PartyState
+
+    s = stack
+    ds, mine, _ = _shared(s)
+    monkeypatch.setattr(parties, "WITHDRAW_EXTRA_SECONDS", 1.0)
+    carry_out = PartyState.withdraw
+
+    async def frozen_at_carol(self: PartyState, signed: Any) -> Any:
+        if self.settings.index == 2:
+            await asyncio.sleep(3600)
+        return await carry_out(self, signed)
+
+    monkeypatch.setattr(PartyState, "withdraw", frozen_at_carol)
+    began = time.monotonic()
+    rc, _, err = run_cli(capsys, s, "owner-a", "datasets", "withdraw", ds)
+    took = time.monotonic() - began
+    assert rc == 1 and "Carol: NOT confirmed: Carol did not answer WithdrawUploads within 6 s" \
+        in err, err
+    assert took < 5 + 1 + 10, took  # party_rpc_seconds + the extra, with room
+    assert "Alice: confirmed" in err and "Bob: confirmed" in err
+    assert all(_on_disk(s, 2, u) for u in mine)  # Carol never carried it out

@@ -36,6 +36,11 @@ PARTY_INTERNAL = "Internal server error."
 # party that froze as a small part (an output mask, a few rows) was sent is named within
 # seconds, not after the whole transfer deadline.
 UPLOAD_FLOOR_BYTES_PER_SECOND = 256 << 10
+# What a withdrawal takes a party beyond a call it answers at once: stopping the engines of
+# the jobs it concerns (each killed and waited for) and deleting the uploads' files (a
+# rename and an unlink per file, however large): seconds, so that a frozen party holds the
+# owner's command for well under a transfer's time
+WITHDRAW_EXTRA_SECONDS = 30.0
 
 _REJECTED = {
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -184,13 +189,15 @@ class PartyClient:
     async def withdraw(self, statement: bytes, signature: bytes
                        ) -> pb.WithdrawUploadsResponse:
         """Relay an owner's signed withdrawal; the party's signed receipt. The party
-        deletes the files of the uploads it covers: it gets a transfer's time."""
+        stops jobs and deletes files first: WITHDRAW_EXTRA_SECONDS more than a call it
+        answers at once (never more than a transfer's time)."""
+        seconds = min(self.rpc_seconds + WITHDRAW_EXTRA_SECONDS, self.transfer_seconds)
         try:
             return await self.stub.WithdrawUploads(
                 pb.WithdrawUploadsRequest(statement=statement, signature=signature),
-                timeout=self.transfer_seconds)
+                timeout=seconds)
         except aio.AioRpcError as exc:
-            raise self._error(exc, "WithdrawUploads", self.transfer_seconds) from None
+            raise self._error(exc, "WithdrawUploads", seconds) from None
 
     async def revoke_consents(self, statement: bytes, signature: bytes
                               ) -> pb.RevokeConsentsResponse:
