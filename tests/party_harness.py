@@ -16,7 +16,7 @@ import datetime as dt
 import hashlib
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,12 @@ import grpc
 import numpy as np
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey, VerifyKey
+from ppfs_party.audit import AuditLog
 from ppfs_party.config import PartySettings
 from ppfs_party.keys import sign_party_requests
 from ppfs_party.server import PartyServer, start_party_server
 from ppfs_party.state import open_state
-from ppfs_party.store import register_owner
+from ppfs_party.store import ShareStore, StoredUpload, UploadHeader, register_owner
 
 from ppfs.contract import (
     Combination,
@@ -301,6 +302,62 @@ def describe_job(
         # the recipient (the mask's owner) asks for exactly this job
         request = JobRequest.for_job(job).sign(mask.owner_key)
     return replace(job, request=request).to_proto()
+
+
+# ---------------------------------------------------------------- one party's store, direct
+
+
+@dataclass
+class StoreParty:
+    """Party 0's state directory and keys, with a wall clock the test moves (``now``;
+    None: the real one); :meth:`store` opens the store as a (re)started daemon does."""
+
+    state: Path
+    box: PrivateKey
+    owner: Owner
+    others: tuple[bytes, bytes]  # the other two parties' box keys
+    seed: int = 0  # of the test data in every part
+    now: float | None = None
+
+    @classmethod
+    def create(cls, state: Path, seed: int = 0, now: float | None = None) -> StoreParty:
+        owner = Owner("owner-a", SigningKey.generate())
+        register_owner(state, owner.owner_id, bytes(owner.key.verify_key))
+        others = (bytes(PrivateKey.generate().public_key),
+                  bytes(PrivateKey.generate().public_key))
+        return cls(state, PrivateKey.generate(), owner, others, seed, now)
+
+    def store(self, **settings: Any) -> ShareStore:
+        clock = time.time if self.now is None else (lambda: float(self.now or 0.0))
+        s = ShareStore(self.state, 0, self.box, AuditLog(self.state / "audit.log"), 1 << 20,
+                       clock=clock, **settings)
+        s.open()
+        return s
+
+    def sealed(self, upload_id: str, rows: int = 6) -> SealedUpload:
+        """A part of owner-a's upload ``upload_id`` into data set "ds" (labelled rows)."""
+        raw = np.random.default_rng(self.seed).integers(-1000, 1000, size=(rows, 3))
+        onehot = (np.arange(rows) % 2).reshape(rows, 1)
+        return data_upload(self.owner, [bytes(self.box.public_key), *self.others], raw,
+                           ["a", "b", "c"], [0, 0, 0], dataset_id="ds", upload_id=upload_id,
+                           onehot=onehot, label_column="y", classes=("0", "1"))
+
+    def staged_dir(self, upload_id: str) -> Path:
+        return self.state / "staged" / upload_id
+
+    def audit(self, event: str) -> list[dict[str, object]]:
+        return [e for e in AuditLog(self.state / "audit.log").entries() if e["event"] == event]
+
+
+async def put_part(store: ShareStore, up: SealedUpload, staged: bool = True) -> StoredUpload:
+    """Party 0's part of ``up`` into ``store``, as the daemon receives it."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield up.parts[0]
+
+    header = UploadHeader(up.dataset_id, up.upload_id, up.owner_id, up.manifest, up.signature,
+                          len(up.parts[0]), staged)
+    return await store.put(header, chunks())
 
 
 def upload_messages(

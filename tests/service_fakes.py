@@ -14,9 +14,10 @@ import contextlib
 import hashlib
 import json
 import os
+import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -627,3 +628,24 @@ def run_cli(capsys: Any, s: Stack, subject: str, *argv: str) -> tuple[int, str, 
             os.environ.pop(k, None)
     out, err = capsys.readouterr()
     return rc, out, err
+
+
+def pending_decisions(s: Stack) -> list[tuple[str, int, str]]:
+    """The gateway's upload decisions not yet acknowledged: (upload, party, decision)."""
+    db = sqlite3.connect(s.root / "gateway" / "registry.sqlite3")
+    try:
+        return db.execute(
+            "SELECT upload_id, party, decision FROM upload_decisions"
+            " WHERE done = 0 AND decision != 'staging'"
+        ).fetchall()
+    finally:
+        db.close()
+
+
+def wait_until(what: Callable[[], object], timeout: float = 30.0) -> None:
+    """Wait until ``what()`` is true; AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not what():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)

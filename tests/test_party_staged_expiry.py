@@ -10,28 +10,28 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 from nacl.public import PrivateKey
-from nacl.signing import SigningKey
 from party_harness import (
     Deployment,
     Owner,
     SealedUpload,
+    StoreParty,
     data_upload,
     identities,
+    put_part,
     upload_messages,
 )
-from ppfs_party.audit import AuditLog
 from ppfs_party.config import DEFAULT_STAGED_EXPIRY, PartySettings
 from ppfs_party.errors import UploadDecisionError, UploadReplayedError
 from ppfs_party.server import start_party_server
-from ppfs_party.store import ShareStore, StoredUpload, UploadHeader, register_owner
+from ppfs_party.store import ShareStore
 
 from ppfs.errors import ParameterError
 from ppfs.v1 import party_pb2, party_pb2_grpc
@@ -50,48 +50,12 @@ def _upload(owner: Owner, box: list[bytes], upload_id: str) -> SealedUpload:
                        classes=("0", "1"))
 
 
-@dataclass
-class Party:
-    """Party 0's state directory and keys, with a clock the test moves."""
-
-    state: Path
-    box: PrivateKey
-    owner: Owner
-    others: tuple[bytes, bytes]
-    now: float = T0
-
-    def store(self, expiry: float = DAY) -> ShareStore:
-        """The store as a (re)started daemon opens it, reading the test's clock."""
-        s = ShareStore(self.state, 0, self.box, AuditLog(self.state / "audit.log"), 1 << 20,
-                       staged_expiry=expiry, clock=lambda: self.now)
-        s.open()
-        return s
-
-    def sealed(self, upload_id: str) -> SealedUpload:
-        return _upload(self.owner, [bytes(self.box.public_key), *self.others], upload_id)
-
-    def audit(self, event: str) -> list[dict[str, object]]:
-        return [e for e in AuditLog(self.state / "audit.log").entries() if e["event"] == event]
-
-
 @pytest.fixture
-def party(tmp_path: Path) -> Party:
-    owner = Owner("owner-a", SigningKey.generate())
-    register_owner(tmp_path, owner.owner_id, bytes(owner.key.verify_key))
-    others = (bytes(PrivateKey.generate().public_key), bytes(PrivateKey.generate().public_key))
-    return Party(tmp_path, PrivateKey.generate(), owner, others)
+def party(tmp_path: Path) -> StoreParty:
+    return StoreParty.create(tmp_path, seed=3, now=T0)
 
 
-async def _put(store: ShareStore, up: SealedUpload, staged: bool = True) -> StoredUpload:
-    async def chunks() -> AsyncIterator[bytes]:
-        yield up.parts[0]
-
-    header = UploadHeader(up.dataset_id, up.upload_id, up.owner_id, up.manifest, up.signature,
-                          len(up.parts[0]), staged)
-    return await store.put(header, chunks())
-
-
-async def _assert_expired(store: ShareStore, party: Party, upload_id: str) -> None:
+async def _assert_expired(store: ShareStore, party: StoreParty, upload_id: str) -> None:
     """Aborted as the gateway's abort leaves it: tombstoned, its directory gone, a late
     commit refused naming the expiry, a late copy of the part refused."""
     assert store.status(upload_id) == "aborted"
@@ -102,20 +66,20 @@ async def _assert_expired(store: ShareStore, party: Party, upload_id: str) -> No
                        "party: its staged part expired"):
         await store.commit("ds", upload_id)
     with pytest.raises(UploadReplayedError, match="aborted"):
-        await _put(store, party.sealed(upload_id))
+        await put_part(store, party.sealed(upload_id))
     assert upload_id not in {u.manifest.upload_id for u, _ in store.listing("ds")}
     assert not (party.state / "uploads" / upload_id).exists()
 
 
 def test_part_past_its_age_is_aborted_one_within_it_is_kept(
-    party: Party, caplog: pytest.LogCaptureFixture
+    party: StoreParty, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def scenario() -> None:
         store = party.store()
-        old = await _put(store, party.sealed("u-old"))
+        old = await put_part(store, party.sealed("u-old"))
         party.now = T0 + 20 * HOUR
-        await _put(store, party.sealed("u-new"))
-        await _put(store, party.sealed("u-done"))
+        await put_part(store, party.sealed("u-new"))
+        await put_part(store, party.sealed("u-done"))
         assert await store.commit("ds", "u-done") == "committed"
 
         party.now = T0 + 23 * HOUR  # nothing is old enough yet
@@ -147,12 +111,12 @@ def test_part_past_its_age_is_aborted_one_within_it_is_kept(
     asyncio.run(scenario())
 
 
-def test_age_is_the_partys_own_record_of_receipt(party: Party) -> None:
+def test_age_is_the_partys_own_record_of_receipt(party: StoreParty) -> None:
     # what the party wrote when it stored the part decides, whatever happens to the
     # directory's times since (a restore, a touch, the rename out of the temporary name)
     async def scenario() -> None:
         store = party.store()
-        await _put(store, party.sealed("u1"))
+        await put_part(store, party.sealed("u1"))
         recorded = party.state / "staged" / "u1" / "received_at"
         assert float(recorded.read_text()) == T0
         os.utime(party.state / "staged" / "u1", (T0 + 30 * DAY, T0 + 30 * DAY))
@@ -161,12 +125,12 @@ def test_age_is_the_partys_own_record_of_receipt(party: Party) -> None:
     asyncio.run(scenario())
 
 
-def test_restart_expires_a_part_that_aged_while_the_daemon_was_down(party: Party) -> None:
+def test_restart_expires_a_part_that_aged_while_the_daemon_was_down(party: StoreParty) -> None:
     async def scenario() -> None:
         first = party.store()
-        await _put(first, party.sealed("u1"))
+        await put_part(first, party.sealed("u1"))
         party.now = T0 + 2 * HOUR
-        await _put(first, party.sealed("u2"))
+        await put_part(first, party.sealed("u2"))
 
         party.now = T0 + DAY + 60  # the daemon was down meanwhile: u1 aged past its day
         again = party.store()
@@ -184,13 +148,13 @@ def test_restart_expires_a_part_that_aged_while_the_daemon_was_down(party: Party
 
 
 def test_part_stored_before_the_party_recorded_receipt_ages_from_its_manifest(
-    party: Party,
+    party: StoreParty,
 ) -> None:
     # a staged part an older version stored has no received_at: the time the party
     # wrote its manifest stands in (a file's modification time, never changed since)
     async def scenario() -> None:
         store = party.store()
-        await _put(store, party.sealed("u1"))
+        await put_part(store, party.sealed("u1"))
         staged = party.state / "staged" / "u1"
         (staged / "received_at").unlink()
         os.utime(staged / "manifest.json", (T0 - 2 * DAY, T0 - 2 * DAY))

@@ -9,28 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-from nacl.public import PrivateKey
-from nacl.signing import SigningKey
 from party_harness import (
     Deployment,
     Owner,
     SealedUpload,
+    StoreParty,
     data_upload,
     describe_job,
     identities,
     mask_upload,
+    put_part,
     start_requests,
     upload_messages,
 )
 from ppfs_party import store as store_module
-from ppfs_party.audit import AuditLog
 from ppfs_party.errors import (
     NotFoundError,
     StorageError,
@@ -38,7 +36,7 @@ from ppfs_party.errors import (
     UploadReplayedError,
 )
 from ppfs_party.server import start_party_server
-from ppfs_party.store import ShareStore, StoredUpload, UploadHeader, register_owner
+from ppfs_party.store import ShareStore
 
 from ppfs.v1 import party_pb2, party_pb2_grpc
 
@@ -60,45 +58,12 @@ def _upload(owner: Owner, box: list[bytes], upload_id: str) -> SealedUpload:
 # ------------------------------------------------------------ one party's store, direct
 
 
-@dataclass
-class Party:
-    """Party 0's state directory and keys; ``store()`` opens it as a (re)started daemon."""
-
-    state: Path
-    box: PrivateKey
-    owner: Owner
-    others: tuple[bytes, bytes]
-
-    def store(self) -> ShareStore:
-        s = ShareStore(self.state, 0, self.box, AuditLog(self.state / "audit.log"), 1 << 20)
-        s.open()
-        return s
-
-    def sealed(self, upload_id: str) -> SealedUpload:
-        return _upload(self.owner, [bytes(self.box.public_key), *self.others], upload_id)
-
-    def staged_dir(self, upload_id: str) -> Path:
-        return self.state / "staged" / upload_id
-
-
 @pytest.fixture
-def party(tmp_path: Path) -> Party:
-    owner = Owner("owner-a", SigningKey.generate())
-    register_owner(tmp_path, owner.owner_id, bytes(owner.key.verify_key))
-    others = (bytes(PrivateKey.generate().public_key), bytes(PrivateKey.generate().public_key))
-    return Party(tmp_path, PrivateKey.generate(), owner, others)
+def party(tmp_path: Path) -> StoreParty:
+    return StoreParty.create(tmp_path, seed=5)
 
 
-async def _put(store: ShareStore, up: SealedUpload, staged: bool = True) -> StoredUpload:
-    async def chunks() -> AsyncIterator[bytes]:
-        yield up.parts[0]
-
-    header = UploadHeader(up.dataset_id, up.upload_id, up.owner_id, up.manifest, up.signature,
-                          len(up.parts[0]), staged)
-    return await store.put(header, chunks())
-
-
-async def _assert_never_usable(store: ShareStore, party: Party, upload_id: str) -> None:
+async def _assert_never_usable(store: ShareStore, party: StoreParty, upload_id: str) -> None:
     """Aborted on this party: not committable, not held, not listed, not re-accepted."""
     assert store.status(upload_id) == "aborted"
     with pytest.raises(UploadDecisionError, match=f"{upload_id!r} was aborted on this party"):
@@ -108,7 +73,7 @@ async def _assert_never_usable(store: ShareStore, party: Party, upload_id: str) 
     assert upload_id not in {u.manifest.upload_id for u in store.held_uploads("ds")}
     assert upload_id not in {u.manifest.upload_id for u, _ in store.listing("ds")}
     with pytest.raises(UploadReplayedError, match="aborted"):
-        await _put(store, party.sealed(upload_id))
+        await put_part(store, party.sealed(upload_id))
     assert store.status(upload_id) == "aborted"
     assert not (party.state / "uploads" / upload_id).exists()
 
@@ -121,11 +86,11 @@ def _crash_in(monkeypatch: pytest.MonkeyPatch, target: object, name: str) -> Non
 
 
 def test_crash_between_tombstone_and_deletion_then_restart(
-    party: Party, monkeypatch: pytest.MonkeyPatch
+    party: StoreParty, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def scenario() -> None:
         first = party.store()
-        await _put(first, party.sealed("u1"))
+        await put_part(first, party.sealed("u1"))
         _crash_in(monkeypatch, ShareStore, "_discard")  # the tombstone is written, then stop
         with pytest.raises(SimulatedCrash):
             await first.abort("ds", "u1")
@@ -143,11 +108,11 @@ def test_crash_between_tombstone_and_deletion_then_restart(
 
 
 def test_crash_in_the_middle_of_the_deletion_then_restart(
-    party: Party, monkeypatch: pytest.MonkeyPatch
+    party: StoreParty, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def scenario() -> None:
         first = party.store()
-        await _put(first, party.sealed("u1"))
+        await put_part(first, party.sealed("u1"))
         _crash_in(monkeypatch, store_module.shutil, "rmtree")  # after the rename to a dot-name
         with pytest.raises(SimulatedCrash):
             await first.abort("ds", "u1")
@@ -164,13 +129,13 @@ def test_crash_in_the_middle_of_the_deletion_then_restart(
 
 @pytest.mark.parametrize("removed", ["manifest.json", "labels.shr", "data.shr"])
 def test_partly_deleted_staged_part_under_a_tombstone_is_cleared(
-    party: Party, removed: str
+    party: StoreParty, removed: str
 ) -> None:
     # an abort cut short in the middle of deleting the directory in place (as an older
     # version did): whatever files are left, the directory is deleted on start
     async def scenario() -> None:
         first = party.store()
-        await _put(first, party.sealed("u1"))
+        await put_part(first, party.sealed("u1"))
         (party.state / "aborted" / "u1").write_bytes(b"ds")
         (party.staged_dir("u1") / removed).unlink()
 
@@ -181,13 +146,13 @@ def test_partly_deleted_staged_part_under_a_tombstone_is_cleared(
     asyncio.run(scenario())
 
 
-def test_aborted_upload_committed_by_an_older_version_is_not_used(party: Party) -> None:
+def test_aborted_upload_committed_by_an_older_version_is_not_used(party: StoreParty) -> None:
     # the state the gap left: after a restart an older version committed the staged part
     # of an aborted upload; now the tombstone wins and no job gets it
     async def scenario() -> None:
         first = party.store()
-        await _put(first, party.sealed("u1"))
-        await _put(first, party.sealed("u2"))
+        await put_part(first, party.sealed("u1"))
+        await put_part(first, party.sealed("u2"))
         await first.commit("ds", "u2")
         (party.state / "aborted" / "u1").write_bytes(b"ds")
         shutil.move(party.staged_dir("u1"), party.state / "uploads" / "u1")
@@ -205,7 +170,7 @@ def test_aborted_upload_committed_by_an_older_version_is_not_used(party: Party) 
 
 
 def test_tombstone_write_failing_midway_refuses_the_id_until_the_retry(
-    party: Party, monkeypatch: pytest.MonkeyPatch
+    party: StoreParty, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # write_durable fails after the rename (fsync of the directory): the tombstone may
     # be on disk, so a commit in this process must not go through either
@@ -217,7 +182,7 @@ def test_tombstone_write_failing_midway_refuses_the_id_until_the_retry(
 
     async def scenario() -> None:
         store = party.store()
-        await _put(store, party.sealed("u1"))
+        await put_part(store, party.sealed("u1"))
         monkeypatch.setattr(store_module, "write_durable", half_written)
         with pytest.raises(StorageError, match="input/output error"):
             await store.abort("ds", "u1")
@@ -233,11 +198,11 @@ def test_tombstone_write_failing_midway_refuses_the_id_until_the_retry(
     asyncio.run(scenario())
 
 
-def test_commit_then_abort_and_abort_then_commit(party: Party) -> None:
+def test_commit_then_abort_and_abort_then_commit(party: StoreParty) -> None:
     async def scenario() -> None:
         store = party.store()
-        await _put(store, party.sealed("c1"))
-        await _put(store, party.sealed("a1"))
+        await put_part(store, party.sealed("c1"))
+        await put_part(store, party.sealed("a1"))
         assert await store.commit("ds", "c1") == "committed"
         with pytest.raises(UploadDecisionError, match="is committed"):
             await store.abort("ds", "c1")
@@ -255,11 +220,11 @@ def test_commit_then_abort_and_abort_then_commit(party: Party) -> None:
 
 @pytest.mark.parametrize("abort_first", [True, False])
 def test_commit_racing_abort_leaves_one_decision_that_a_restart_keeps(
-    party: Party, abort_first: bool
+    party: StoreParty, abort_first: bool
 ) -> None:
     async def scenario() -> None:
         store = party.store()
-        await _put(store, party.sealed("u1"))
+        await put_part(store, party.sealed("u1"))
         calls = [store.abort("ds", "u1"), store.commit("ds", "u1")]
         results = await asyncio.gather(*(calls if abort_first else calls[::-1]),
                                        return_exceptions=True)
@@ -276,7 +241,7 @@ def test_commit_racing_abort_leaves_one_decision_that_a_restart_keeps(
     asyncio.run(scenario())
 
 
-def test_leftover_tombstone_temp_file_is_cleared(party: Party) -> None:
+def test_leftover_tombstone_temp_file_is_cleared(party: StoreParty) -> None:
     (party.state / "aborted").mkdir(mode=0o700)
     tmp = party.state / "aborted" / ".u1.0123.tmp"  # a tombstone write cut short
     tmp.write_bytes(b"ds")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -22,8 +21,10 @@ from service_fakes import (
     Stack,
     make_stack,
     owner_table,
+    pending_decisions,
     run_cli,
     wait_final,
+    wait_until,
 )
 
 from ppfs.fixedpoint import FixedPoint
@@ -55,25 +56,6 @@ def start_party(s: Stack, i: int, port: int) -> None:
 
 def store(s: Stack, i: int):  # the party's share store (in this process)
     return s.cluster.servers[i].state.store
-
-
-def pending_decisions(s: Stack) -> list[tuple[str, int, str]]:
-    db = sqlite3.connect(s.root / "gateway" / "registry.sqlite3")
-    try:
-        return db.execute(
-            "SELECT upload_id, party, decision FROM upload_decisions"
-            " WHERE done = 0 AND decision != 'staging'"
-        ).fetchall()
-    finally:
-        db.close()
-
-
-def wait_until(what, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.1)
 
 
 def run_job(s: Stack, dataset_id: str, t, rows: int, k: int = 1) -> None:

@@ -8,14 +8,20 @@ pending."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from ppfs_client.sdk import ApiError, build_upload
-from service_fakes import RealCluster, Stack, make_stack, owner_table
+from service_fakes import (
+    RealCluster,
+    Stack,
+    make_stack,
+    owner_table,
+    pending_decisions,
+    wait_until,
+)
 
 from ppfs.synthetic import make_table
 
@@ -29,25 +35,6 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",)))
     yield s
     s.close()
-
-
-def pending_decisions(s: Stack) -> list[tuple[str, int, str]]:
-    db = sqlite3.connect(s.root / "gateway" / "registry.sqlite3")
-    try:
-        return db.execute(
-            "SELECT upload_id, party, decision FROM upload_decisions"
-            " WHERE done = 0 AND decision != 'staging'"
-        ).fetchall()
-    finally:
-        db.close()
-
-
-def wait_until(what, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.1)
 
 
 def test_commit_after_every_party_expired_the_part_adds_nothing(
