@@ -145,7 +145,6 @@ class PeerPayload(bytes):
 
 # what went wrong with peers' messages in this process: (peer, reason), first one first
 FAULTS: list[tuple[int, str]] = []
-_last_loaded: list[int] = []  # the peer of the payload RawWire.loads took last
 LINKED: set[int] = set()  # the peers whose link came up (a link gone later is lost)
 
 
@@ -383,7 +382,6 @@ class RawWire:
     @classmethod
     def loads(cls, data: bytes | bytearray | memoryview) -> Any:
         peer = getattr(data, "peer", None)
-        _last_loaded[:] = [] if peer is None else [peer]
         try:
             return cls._loads(data)
         except MalformedMessage as exc:
@@ -1268,16 +1266,23 @@ def run_party(job: PartyJob) -> int:
 
 
 def misfit_input(failures: list[BaseException]) -> PeerFaultError | None:
-    """A peer's input share that parsed but does not have the input's shape (MPyC's
-    ``Runtime._distribute`` reshapes each right after unmarshalling it, so the payload
-    taken last was that peer's)."""
+    """A peer's input share that parsed but does not have the input's shape: MPyC's
+    ``Runtime._distribute`` reshapes each payload ``r`` right after unmarshalling it, and
+    the payload that failed, tagged with its sender (:class:`PeerPayload`), is still in
+    that frame when the failure is judged. (Not the payload unmarshalled last: other
+    coroutines take theirs before the failure reaches the event loop's handler.)"""
     for exc in failures:
-        if not isinstance(exc, ValueError) or not _last_loaded:
+        if not isinstance(exc, ValueError):
             continue
-        frames = traceback.extract_tb(exc.__traceback__)
-        if any(f.name == "_distribute" and f.filename.endswith(os.path.join("mpyc", "runtime.py"))
-               for f in frames):
-            return PeerFaultError(_last_loaded[0], "sent an input share of the wrong length")
+        tb, inside = exc.__traceback__, False
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            inside = inside or (code.co_name == "_distribute" and code.co_filename.endswith(
+                os.path.join("mpyc", "runtime.py")))
+            peer = getattr(tb.tb_frame.f_locals.get("r"), "peer", None) if inside else None
+            if isinstance(peer, int):
+                return PeerFaultError(peer, "sent an input share of the wrong length")
+            tb = tb.tb_next
     return None
 
 
