@@ -85,6 +85,15 @@ class KeyStatement:
             raise UntrustedPartyKey("the key statement is malformed") from None
 
     @property
+    def end(self) -> dt.datetime:
+        """``not_after`` as a time (UntrustedPartyKey if it is not one)."""
+        try:
+            return dt.datetime.strptime(self.not_after, "%Y-%m-%dT%H:%M:%SZ").replace(
+                tzinfo=dt.UTC)
+        except (TypeError, ValueError):
+            raise UntrustedPartyKey("the key statement's end of validity is malformed") from None
+
+    @property
     def box_key(self) -> bytes:
         return base64.b64decode(self.box_public_key)
 
@@ -198,7 +207,9 @@ def verify_party_keys(
     t = _utc(now or dt.datetime.now(dt.UTC))
     if not st.not_before <= t <= st.not_after:
         raise UntrustedPartyKey(
-            f"{who}: its key certificate is valid {st.not_before} .. {st.not_after}, not now"
+            f"{who}: its key certificate is valid {st.not_before} .. {st.not_after}, not "
+            "now: the deployment's operator renews it (`ppfs pki sign` on that party's "
+            "state directory)"
         )
     if (st.box_key, st.signing_key) != (box_public_key, signing_public_key):
         raise UntrustedPartyKey(

@@ -39,7 +39,16 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from ppfs.durable import write_replacing
 from ppfs.engines.base import PARTY_NAMES
 
-_VALIDITY = dt.timedelta(days=365)
+# How long what the deployment CA signs stays valid unless the operator says otherwise
+# (`--valid-days`): the CA itself for ten years (its fingerprint is every client's
+# trust anchor, so renewing it means handing every client a new one), each party's and
+# the gateway's certificates and key statements for a year, never past the CA's own
+# end (they are renewed from the same keys: `ppfs pki sign` again).
+CA_VALIDITY = dt.timedelta(days=3650)
+LEAF_VALIDITY = dt.timedelta(days=365)
+# A certificate this close to its end is reported (the party's and the gateway's logs
+# and metrics, the deployment status): time to renew it.
+RENEW_WITHIN = dt.timedelta(days=30)
 
 # The extended key usage that marks the gateway's control-plane client identity: the
 # parties accept PartyService calls only from a certificate that carries it (and names
@@ -49,6 +58,46 @@ GATEWAY_CONTROL_USAGE = x509.ObjectIdentifier("2.25.1751833208338846875886971388
 # The gateway's client identity's name unless the operator picks another
 # (`ppfs pki client --name`, then `ppfs party serve --gateway-name` on every party).
 DEFAULT_GATEWAY_NAME = "gateway"
+
+
+def _day(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """When one certificate or key statement that a party or the gateway presents
+    ends, and what renews it."""
+
+    what: str  # "control certificate", "key statement", ...
+    path: Path
+    not_after: dt.datetime
+    renew: str  # the command that renews it
+
+    def phrase(self, now: dt.datetime | None = None,
+               within: dt.timedelta = RENEW_WITHIN) -> str | None:
+        """"its WHAT expired on DAY" or "its WHAT expires on DAY (in N days)", or None
+        when it ends later than ``within`` from now."""
+        now = now or dt.datetime.now(dt.UTC)
+        if self.not_after <= now:
+            return f"its {self.what} expired on {_day(self.not_after)}"
+        left = self.not_after - now
+        if left > within:
+            return None
+        days = left.days
+        when = "in less than a day" if days == 0 else f"in {days} day{'s' * (days > 1)}"
+        return f"its {self.what} expires on {_day(self.not_after)} ({when})"
+
+    def problem(self, now: dt.datetime | None = None,
+                within: dt.timedelta = RENEW_WITHIN) -> str | None:
+        """One line naming the file, when it has ended or ends within ``within``."""
+        phrase = self.phrase(now, within)
+        return None if phrase is None else f"{self.path}: {phrase}: {self.renew}"
+
+
+def certificate_end(pem: bytes) -> dt.datetime:
+    """The end of validity of the first certificate in ``pem`` (ValueError if none)."""
+    return x509.load_pem_x509_certificate(pem).not_valid_after_utc
 
 
 class PartyRequestRefused(ValueError):
@@ -62,7 +111,11 @@ class CertificateAuthority:
     cert: x509.Certificate
 
     @classmethod
-    def create(cls, name: str = "ppfs deployment CA") -> CertificateAuthority:
+    def create(
+        cls, name: str = "ppfs deployment CA", *, validity: dt.timedelta = CA_VALIDITY,
+    ) -> CertificateAuthority:
+        if validity <= dt.timedelta(0):
+            raise ValueError("a CA's validity must be positive")
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         now = dt.datetime.now(dt.UTC)
@@ -73,7 +126,7 @@ class CertificateAuthority:
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + _VALIDITY)
+            .not_valid_after(now + validity)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
                 x509.KeyUsage(
@@ -96,8 +149,21 @@ class CertificateAuthority:
     def cert_pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
+    def leaf_end(self, now: dt.datetime, validity: dt.timedelta) -> dt.datetime:
+        """When something signed ``now`` for ``validity`` ends: never past the CA's end.
+        A CA already expired signs nothing (ValueError naming its end)."""
+        end = self.cert.not_valid_after_utc
+        if end <= now:
+            raise ValueError(
+                f"the deployment CA expired on {_day(end)}: it signs nothing more; a new "
+                "CA (`ppfs pki init`) is a new trust anchor for every client")
+        if validity <= dt.timedelta(0):
+            raise ValueError("a certificate's validity must be positive")
+        return min(now + validity, end)
+
     def issue(
         self, csr: x509.CertificateSigningRequest, *, dns_san: bool = True,
+        validity: dt.timedelta = LEAF_VALIDITY,
     ) -> x509.Certificate:
         """Sign a party certificate for ``csr``'s subject.
 
@@ -105,7 +171,8 @@ class CertificateAuthority:
         by the CN ``MPyC party i``, which contains spaces and so cannot be a DNS name,
         and TLS host-name matching ignores the CN as soon as a SAN is present. No
         extended key usage: a party certificate never carries the gateway's
-        (:func:`certify_client_request` issues that one).
+        (:func:`certify_client_request` issues that one). Valid for ``validity``,
+        never past the CA's own end.
         """
         if not csr.is_signature_valid:
             raise ValueError("certificate request signature is invalid")
@@ -118,7 +185,7 @@ class CertificateAuthority:
             .public_key(csr.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + _VALIDITY)
+            .not_valid_after(self.leaf_end(now, validity))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         )
         if dns_san:
@@ -207,13 +274,14 @@ def load_ca(directory: Path) -> CertificateAuthority:
 
 
 def issue_client_identity(
-    ca: CertificateAuthority, common_name: str, key_path: Path
+    ca: CertificateAuthority, common_name: str, key_path: Path,
+    validity: dt.timedelta = LEAF_VALIDITY,
 ) -> tuple[bytes, bytes]:
     """The gateway's control-plane client identity (or a test's): key made at
     ``key_path``, certificate signed by the CA with the client-authentication and
     :data:`GATEWAY_CONTROL_USAGE` key usages. Returns (key PEM, certificate PEM)."""
     csr = party_key_and_csr(key_path, common_name)
-    return key_path.read_bytes(), certify_client_request(ca, csr, common_name)
+    return key_path.read_bytes(), certify_client_request(ca, csr, common_name, validity)
 
 
 def read_key_request(path: Path) -> x509.CertificateSigningRequest:
@@ -235,6 +303,7 @@ def read_key_request(path: Path) -> x509.CertificateSigningRequest:
 def _certificate_for_key(
     ca: CertificateAuthority, public_key: ec.EllipticCurvePublicKey, common_name: str,
     usages: tuple[x509.ObjectIdentifier, ...], sans: list[x509.GeneralName],
+    validity: dt.timedelta = LEAF_VALIDITY,
 ) -> x509.Certificate:
     """A leaf certificate for ``public_key`` under the name, usages and alternative
     names the CA chooses (nothing taken from a request but the key)."""
@@ -246,7 +315,7 @@ def _certificate_for_key(
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(min(now + _VALIDITY, ca.cert.not_valid_after_utc))
+        .not_valid_after(ca.leaf_end(now, validity))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
     )
@@ -256,7 +325,8 @@ def _certificate_for_key(
 
 
 def certify_client_request(
-    ca: CertificateAuthority, csr: x509.CertificateSigningRequest, common_name: str
+    ca: CertificateAuthority, csr: x509.CertificateSigningRequest, common_name: str,
+    validity: dt.timedelta = LEAF_VALIDITY,
 ) -> bytes:
     """The gateway's control-plane client identity for a key it made itself
     (``ppfs gateway serve --make-keys``): the certificate names ``common_name``, the
@@ -267,12 +337,13 @@ def certify_client_request(
         raise ValueError("the request's signature does not hold or its key is not EC")
     cert = _certificate_for_key(ca, key, common_name,
                                 (ExtendedKeyUsageOID.CLIENT_AUTH, GATEWAY_CONTROL_USAGE),
-                                [x509.DNSName(common_name.replace(" ", "-"))])
+                                [x509.DNSName(common_name.replace(" ", "-"))], validity)
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
 def certify_https_key(
-    ca: CertificateAuthority, public_key: CertificatePublicKeyTypes, names: list[str]
+    ca: CertificateAuthority, public_key: CertificatePublicKeyTypes, names: list[str],
+    validity: dt.timedelta = LEAF_VALIDITY,
 ) -> bytes:
     """The gateway's HTTPS server certificate for ``public_key`` (an EC key) and
     ``names`` (DNS names or IP addresses, the first also its common name). PEM."""
@@ -287,7 +358,7 @@ def certify_https_key(
         except ValueError:
             sans.append(x509.DNSName(n))
     cert = _certificate_for_key(ca, public_key, names[0],
-                                (ExtendedKeyUsageOID.SERVER_AUTH,), sans)
+                                (ExtendedKeyUsageOID.SERVER_AUTH,), sans, validity)
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
@@ -332,11 +403,12 @@ def single_common_name(name: x509.Name) -> str | None:
 
 
 def certify_party_key_request(
-    ca: CertificateAuthority, request_path: Path, expected_index: int
+    ca: CertificateAuthority, request_path: Path, expected_index: int,
+    validity: dt.timedelta = LEAF_VALIDITY,
 ) -> tuple[bytes, bytes]:
     """The CA's side of a party's key request (``party-keys.json``: index, name, public
     box and signing keys) for party ``expected_index``, the party the operator means to
-    certify: check it and return (key statement, CA signature), valid for at most a year
+    certify: check it and return (key statement, CA signature), valid for ``validity``
     and never beyond the CA certificate. A request naming another index or name is
     refused (:class:`PartyRequestRefused`)."""
     # imported here: an embedded run (ppfs select) makes its per-run CA with this module
@@ -364,10 +436,10 @@ def certify_party_key_request(
         )
     if len(box) != 32 or len(signing) != 32:
         raise ValueError(f"{request_path}: inconsistent party key request")
-    validity = ca.cert.not_valid_after_utc - dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.UTC)
     return certify_party_keys(
         ca.key, ca.cert, index, name, box, signing,
-        validity=min(validity, dt.timedelta(days=365)))
+        validity=ca.leaf_end(now, validity) - now, now=now)
 
 
 # ---------------------------------------------------------------- OpenSSL lookup names

@@ -77,8 +77,12 @@ def _key_pairs(settings: Any) -> list[tuple[str, Path, Path]]:
 def check_keys(settings: Any, make_keys: bool) -> str | None:
     """With ``make_keys``: make each missing key and its certificate request. Then the
     problem that keeps the gateway from serving, if any: a key or certificate missing
-    (naming the requests to have signed) or a certificate for another key than its own."""
+    (naming the requests to have signed), a certificate for another key than its own, or
+    one that has ended."""
+    import datetime as dt
+
     from ppfs.pki import (
+        certificate_end,
         certificate_matches_key,
         key_request,
         party_key_and_csr,
@@ -106,6 +110,11 @@ def check_keys(settings: Any, make_keys: bool) -> str | None:
         if not matches:
             return (f"{cert} certifies another key than {key}: install the certificate "
                     f"signed from this key's request ({csr_dir / request})")
+        end = certificate_end(cert.read_bytes())
+        if end <= dt.datetime.now(dt.UTC):
+            renew = "ppfs pki client" if request == "client.csr" else "ppfs pki https --csr"
+            return (f"{cert}: the certificate expired on {end:%Y-%m-%d %H:%M} UTC: have the "
+                    f"deployment CA renew it ({renew}) and install it")
     if waiting:
         how = {"client.csr": "ppfs pki client --csr", "https.csr": "ppfs pki https --csr"}
         todo = "; ".join(f"{csr_dir / r} ({how[r]})" for r in waiting)
@@ -163,6 +172,10 @@ def _serve(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"ppfs gateway serve: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    from ppfs_gateway.api.routes.status import gateway_warnings
+
+    for line in gateway_warnings(settings):  # also in /v1/deployment/status
+        logging.getLogger("ppfs.gateway").warning("[Gateway] %s", line)
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -25,9 +26,12 @@ from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import PpfsError
 from ppfs.logfmt import configure_logging
 from ppfs.pki import (
+    CA_VALIDITY,
     DEFAULT_GATEWAY_NAME,
+    LEAF_VALIDITY,
     CertificateAuthority,
     PartyRequestRefused,
+    certificate_end,
     certify_client_request,
     certify_https_key,
     issue_client_identity,
@@ -135,6 +139,10 @@ def add_commands(subparsers: Any) -> None:
     ksub = pki.add_subparsers(dest="pki_command", required=True)
     ca_init = ksub.add_parser("init", help="create the deployment CA (key stays in CA_DIR)")
     ca_init.add_argument("--ca-dir", type=Path, required=True)
+    ca_init.add_argument("--valid-days", type=_days, default=CA_VALIDITY.days, metavar="DAYS",
+                         help=f"how long the CA is valid (default {CA_VALIDITY.days}): what it "
+                              "signs ends with it, and a new CA is a new trust anchor for "
+                              "every client")
     ca_init.set_defaults(func=_pki_init)
     sign = ksub.add_parser(
         "sign", help="sign a party's certificate requests and key statement, for the party "
@@ -147,6 +155,8 @@ def add_commands(subparsers: Any) -> None:
     sign.add_argument("--tls-name", default=None,
                       help="the control-plane certificate name the party was set up with "
                            "(default: its name in lower case)")
+    sign.add_argument("--valid-days", type=_days, default=LEAF_VALIDITY.days, metavar="DAYS",
+                      help=_LEAF_DAYS_HELP)
     sign.set_defaults(func=_pki_sign)
     client = ksub.add_parser(
         "client", help="key and certificate for the gateway's control-plane client identity")
@@ -160,6 +170,8 @@ def add_commands(subparsers: Any) -> None:
                         help="certify the key of this request, made where the gateway runs "
                              "(`ppfs gateway serve --make-keys`), instead of making a key "
                              "here; the certificate names --name whatever the request says")
+    client.add_argument("--valid-days", type=_days, default=LEAF_VALIDITY.days,
+                        metavar="DAYS", help=_LEAF_DAYS_HELP)
     client.set_defaults(func=_pki_client)
     https = ksub.add_parser(
         "https", help="the gateway's HTTPS certificate, for the key of a request it made")
@@ -172,6 +184,8 @@ def add_commands(subparsers: Any) -> None:
                             "also its common name)")
     https.add_argument("--out", type=Path, required=True,
                        help="folder for https.pem (and ca.pem)")
+    https.add_argument("--valid-days", type=_days, default=LEAF_VALIDITY.days,
+                       metavar="DAYS", help=_LEAF_DAYS_HELP)
     https.set_defaults(func=_pki_https)
     fpr = ksub.add_parser(
         "fingerprint",
@@ -186,6 +200,21 @@ def _state_args(p: argparse.ArgumentParser) -> None:
                    help="keys, certificates, uploads, jobs and the audit log")
     p.add_argument("--index", type=int, required=True, choices=range(len(PARTY_NAMES)),
                    help="0 Alice, 1 Bob, 2 Carol, 3 Dave")
+
+
+_LEAF_DAYS_HELP = (f"how long what it signs is valid (default {LEAF_VALIDITY.days}, never "
+                   "past the CA's end); renew by signing again")
+
+
+def _days(text: str) -> int:
+    """``--valid-days``: a whole number of days, at least one."""
+    try:
+        days = int(text)
+    except ValueError:
+        days = 0
+    if not 1 <= days <= 36500:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of days, 1..36500")
+    return days
 
 
 def _party_index(text: str) -> int:
@@ -261,7 +290,8 @@ def _pki_init(args: argparse.Namespace) -> int:
     if (args.ca_dir / "ca.key").exists():
         print(f"ppfs: error: a CA exists already in {args.ca_dir}", file=sys.stderr)
         return 2
-    save_ca(CertificateAuthority.create(), args.ca_dir)
+    save_ca(CertificateAuthority.create(validity=dt.timedelta(days=args.valid_days)),
+            args.ca_dir)
     print(str(args.ca_dir / "ca.pem"))
     return 0
 
@@ -269,13 +299,17 @@ def _pki_init(args: argparse.Namespace) -> int:
 def _pki_sign(args: argparse.Namespace) -> int:
     try:
         signed = sign_party_requests(load_ca(args.ca_dir), args.state_dir, args.party,
-                                     args.tls_name)
+                                     args.tls_name, dt.timedelta(days=args.valid_days))
     except (ValueError, OSError) as exc:
         print(f"ppfs pki sign: error: {exc}", file=sys.stderr)
         return 2
     for item in signed:
         print(item)
     return 0
+
+
+def _until(pem: bytes) -> str:
+    return certificate_end(pem).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _pki_fingerprint(args: argparse.Namespace) -> int:
@@ -297,28 +331,35 @@ def _pki_client(args: argparse.Namespace) -> int:
     ca = load_ca(args.ca_dir)
     if args.csr is not None:
         try:
-            cert = certify_client_request(ca, read_key_request(args.csr), args.name)
+            cert = certify_client_request(ca, read_key_request(args.csr), args.name,
+                                          dt.timedelta(days=args.valid_days))
         except (ValueError, OSError) as exc:
             print(f"ppfs pki client: error: {exc}", file=sys.stderr)
             return 2
         args.out.mkdir(parents=True, exist_ok=True)
     else:
-        _, cert = issue_client_identity(ca, args.name, args.out / f"{args.name}.key")
+        try:
+            _, cert = issue_client_identity(ca, args.name, args.out / f"{args.name}.key",
+                                            dt.timedelta(days=args.valid_days))
+        except ValueError as exc:
+            print(f"ppfs pki client: error: {exc}", file=sys.stderr)
+            return 2
     replace_public_file(args.out / f"{args.name}.pem", cert)
     replace_public_file(args.out / "ca.pem", ca.cert_pem())
-    print(str(args.out / f"{args.name}.pem"))
+    print(f"{args.out / f'{args.name}.pem'} (valid until {_until(cert)})")
     return 0
 
 
 def _pki_https(args: argparse.Namespace) -> int:
     ca = load_ca(args.ca_dir)
     try:
-        cert = certify_https_key(ca, read_key_request(args.csr).public_key(), args.name)
+        cert = certify_https_key(ca, read_key_request(args.csr).public_key(), args.name,
+                                 dt.timedelta(days=args.valid_days))
     except (ValueError, OSError) as exc:
         print(f"ppfs pki https: error: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     replace_public_file(args.out / "https.pem", cert)
     replace_public_file(args.out / "ca.pem", ca.cert_pem())
-    print(str(args.out / "https.pem"))
+    print(f"{args.out / 'https.pem'} (valid until {_until(cert)})")
     return 0

@@ -32,6 +32,7 @@ installed certificates name another party than the one it is started as
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import stat
 from dataclasses import dataclass
@@ -44,8 +45,10 @@ from nacl.signing import SigningKey
 
 from ppfs.engines.base import PARTY_NAMES, Engine
 from ppfs.engines.registry import ENGINE_NAMES, get_engine
+from ppfs.keycert import KeyStatement
 from ppfs.pki import (
     DEFAULT_GATEWAY_NAME,
+    LEAF_VALIDITY,
     CertificateAuthority,
     PartyRequestRefused,
     certify_party_key_request,
@@ -83,9 +86,12 @@ class Certified:
     index: int
     request: str  # control, mpc-<engine>, party-keys
     subject: str  # the certificate's CN, or what the key statement certifies
+    not_after: dt.datetime | None = None
 
     def __str__(self) -> str:
-        return f"signed {self.party} (index {self.index}): {self.request} {self.subject}"
+        until = (f", valid until {self.not_after:%Y-%m-%d %H:%M} UTC"
+                 if self.not_after is not None else "")
+        return f"signed {self.party} (index {self.index}): {self.request} {self.subject}{until}"
 
 
 @dataclass
@@ -345,7 +351,8 @@ def _checked_requests(
 
 
 def sign_party_requests(
-    ca: CertificateAuthority, state_dir: Path, index: int, control_name: str | None = None
+    ca: CertificateAuthority, state_dir: Path, index: int, control_name: str | None = None,
+    validity: dt.timedelta = LEAF_VALIDITY,
 ) -> list[Certified]:
     """The deployment CA's step on a party's state directory, for party ``index`` (the
     party the operator means to certify, never what the directory claims): check every
@@ -353,7 +360,8 @@ def sign_party_requests(
     then sign them and install the certificates, its key statement and the CA
     certificate. Refuses (PartyRequestRefused) before signing anything when a request
     belongs to another party or is not one a party makes. Reads and writes public
-    material only."""
+    material only. Signing again, from the same requests, renews them: the keys stay,
+    the running party picks the new files up (ppfs_party.lifetimes)."""
     if not 0 <= index < len(PARTY_NAMES):
         raise PartyRequestRefused(f"party index must be 0..{len(PARTY_NAMES) - 1}")
     name = PARTY_NAMES[index]
@@ -365,7 +373,7 @@ def sign_party_requests(
     _refuse_unless_regular(keys_req, "regular file")
     statement = None
     if keys_req.is_file():
-        statement = certify_party_key_request(ca, keys_req, index)
+        statement = certify_party_key_request(ca, keys_req, index, validity)
     outputs = [f"{req.name}.pem" for req, _ in checked]
     outputs += [KEY_REQUEST, "party-keys.sig", "ca.pem"]
     for out in outputs:
@@ -373,16 +381,23 @@ def sign_party_requests(
     # every output through a fresh file renamed over the old one: a link that appears
     # there is replaced, never written through
     done = []
-    for req, csr in checked:
-        write_cert(certs / f"{req.name}.pem", ca.issue(csr, dns_san=req.dns_san))
-        done.append(Certified(name, index, req.name, f"CN={req.common_name}"))
-    if statement is not None:
-        certs.mkdir(parents=True, exist_ok=True)
-        replace_public_file(certs / KEY_REQUEST, statement[0])
-        replace_public_file(certs / "party-keys.sig", statement[1])
-        done.append(Certified(name, index, "party-keys",
-                              "key statement (box and signing keys)"))
+    # the CA certificate first: a party reloading its control certificate checks it
+    # against the CA installed beside it
+    certs.mkdir(parents=True, exist_ok=True)
     write_cert(certs / "ca.pem", ca.cert)
+    for req, csr in checked:
+        cert = ca.issue(csr, dns_san=req.dns_san, validity=validity)
+        write_cert(certs / f"{req.name}.pem", cert)
+        done.append(Certified(name, index, req.name, f"CN={req.common_name}",
+                              cert.not_valid_after_utc))
+    if statement is not None:
+        # the signature first: a reader between the two writes finds the old statement
+        # under a signature that does not hold, and is refused, never a mix it accepts
+        replace_public_file(certs / "party-keys.sig", statement[1])
+        replace_public_file(certs / KEY_REQUEST, statement[0])
+        done.append(Certified(name, index, "party-keys",
+                              "key statement (box and signing keys)",
+                              KeyStatement.from_bytes(statement[0]).end))
     return done
 
 

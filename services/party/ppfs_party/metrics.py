@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -64,6 +64,12 @@ class PartyMetrics:
         r = self.registry = CollectorRegistry()
         self._now = _PartyNow(name)
         r.register(self._now)
+        self.certificate_end = Gauge(
+            "ppfs_party_certificate_expiry_timestamp_seconds",
+            "When each certificate and the key statement this party presents ends "
+            "(Unix time): control, mpc-<engine>, key-statement, ca",
+            ["certificate"], registry=r,
+        )  # fmt: skip
         self.jobs_finished = Counter(
             "ppfs_party_jobs_finished", "Jobs that reached a final state on this party",
             ["state", "failure_kind"], registry=r,

@@ -8,10 +8,11 @@ tests: the bound port comes back) and marks the services SERVING; :meth:`PartySe
 marks them NOT_SERVING, stops every unfinished job (killing its engine process)
 and gives in-flight calls ``grace`` seconds. Staged upload parts past their expiry are
 aborted before the server binds and every few minutes while it runs
-(:func:`expire_staged_parts`). :func:`serve` runs until SIGTERM/SIGINT,
-holding the state directory's lock (ppfs.state_lock) from before it opens the state: a
-second daemon on the same state would take this one's jobs for interrupted and delete
-their files.
+(:func:`expire_staged_parts`). A party whose certificates or key statement have ended
+does not start; renewed ones are picked up while it runs (ppfs_party.lifetimes).
+:func:`serve` runs until SIGTERM/SIGINT, holding the state directory's lock
+(ppfs.state_lock) from before it opens the state: a second daemon on the same state
+would take this one's jobs for interrupted and delete their files.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ppfs.state_lock import hold_state_dir
 from ppfs.v1 import party_pb2, party_pb2_grpc
 from ppfs_party.config import PartySettings
 from ppfs_party.control_access import GatewayOnly
+from ppfs_party.lifetimes import ControlCertificates, refuse_expired, watch_lifetimes
 from ppfs_party.servicer import PartyServicer
 from ppfs_party.state import PartyState, open_state
 
@@ -67,14 +69,15 @@ class PartyServer:
     state: PartyState
     health: health.aio.HealthServicer
     metrics: MetricsListener | None = field(default=None)
-    expiry: asyncio.Task[None] | None = field(default=None)
+    # its periodic checks (staged parts' expiry, the certificates' ends)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.state.settings.stop_grace if grace is None else grace
-        if self.expiry is not None:
-            self.expiry.cancel()
+        for task in self.tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self.expiry
+                await task
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.state.jobs.shutdown()
@@ -108,10 +111,10 @@ async def start_party_server(
         state = await asyncio.to_thread(open_state, settings)
     # those that aged while the daemon was down, before it answers a commit of them
     await state.store.expire_staged()
-    key, cert, ca = state.keys.control_material()
-    credentials = grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=ca, require_client_auth=True
-    )
+    # refused here, before the port opens, once anything it presents has ended; its
+    # renewal is picked up while it runs
+    refuse_expired(state)
+    credentials = ControlCertificates(state.keys, settings).credentials()
     # every PartyService call must come from the gateway's client identity, checked
     # from its TLS certificate; the health service is left open to the deployment
     server = grpc.aio.server(options=SERVER_OPTIONS,
@@ -130,8 +133,9 @@ async def start_party_server(
     if settings.metrics_listen:
         metrics = serve_metrics(settings.metrics_listen, state.metrics.registry)
         log.info("[Party.server] %s metrics on port %d", settings.name, metrics.port)
-    expiry = asyncio.create_task(expire_staged_parts(state), name="staged-expiry")
-    return PartyServer(server, port, state, health_servicer, metrics, expiry)
+    tasks = [asyncio.create_task(expire_staged_parts(state), name="staged-expiry"),
+             asyncio.create_task(watch_lifetimes(state), name="certificate-lifetimes")]
+    return PartyServer(server, port, state, health_servicer, metrics, tasks)
 
 
 async def serve(settings: PartySettings) -> None:

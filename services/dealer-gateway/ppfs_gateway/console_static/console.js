@@ -200,8 +200,10 @@
           .map((s) => `${counts[s]} ${s}`).join(" · ") || "none yet"),
     );
     const cards = el("div", { class: "party-grid", id: "parties" }, status.parties.map(partyCard));
+    const gatewayWarnings = el("div", { id: "gateway-warnings" },
+      (status.warnings || []).map((w) => el("p", { class: "warning", text: w })));
     page("Overview", `Gateway ${status.gateway_version}. Parties are probed live.`, tiles,
-      el("h2", { text: "Computing parties" }), cards);
+      gatewayWarnings, el("h2", { text: "Computing parties" }), cards);
     every(10, signal, async () => {
       const s = await api("v1/deployment/status");
       const grid = $("parties");
@@ -225,6 +227,7 @@
         : "—"],
       ["MPC address", p.mpc_address || "—"],
       ["Latency", p.latency_ms === null ? "—" : `${p.latency_ms} ms`],
+      ["Certificates until", p.certificates_end ? p.certificates_end.slice(0, 10) : "—"],
     ];
     const fps = fp ? [
       ["Box key", fp.box_public_key],
@@ -239,6 +242,7 @@
         el("span", { class: `status ${p.reachable ? "status-ok" : "status-bad"}`,
           text: p.reachable ? (p.problem || "Reachable") : "Unreachable" })),
       p.reachable ? null : el("p", { class: "error", text: p.problem }),
+      (p.warnings || []).map((w) => el("p", { class: "warning", text: w })),
       el("dl", { class: "kv" }, rows.map(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })])),
       fps.length ? el("div", { class: "fps" },
         el("div", { class: "fps-title muted", text: "SHA-256 fingerprints, as the party reports them" }),

@@ -2,15 +2,20 @@
 
 ``GET /v1/deployment/status`` asks every party for its identity now (not the cached
 one ``/v1/deployment`` serves), with a short deadline, and reports whether it answered,
-how fast, what it runs and the SHA-256 fingerprints of the public keys and
-certificates it reports. Kept apart from ``/v1/deployment``, which clients encode with.
+how fast, what it runs, the SHA-256 fingerprints of the public keys and
+certificates it reports, and when the first of them ends (a warning within
+:data:`ppfs.pki.RENEW_WITHIN`, a problem once ended); likewise for the gateway's own
+certificates. Kept apart from ``/v1/deployment``, which clients encode with.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
 import hashlib
 import time
+from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -19,9 +24,12 @@ from grpc import aio
 from pydantic import BaseModel
 
 import ppfs
+from ppfs.keycert import KeyStatement, UntrustedPartyKey
+from ppfs.pki import Lifetime, certificate_end
 from ppfs.step2a import Security
 from ppfs.v1 import party_pb2 as pb
-from ppfs_gateway.api.deps import PartiesDep, PrincipalDep
+from ppfs_gateway.api.deps import PartiesDep, PrincipalDep, ResourcesDep
+from ppfs_gateway.core.config import Settings
 from ppfs_gateway.parties import PartyClient
 
 router = APIRouter(tags=["deployment"])
@@ -55,6 +63,9 @@ class PartyStatusOut(BaseModel):
     engine_versions: dict[str, str]
     mpc_address: str
     fingerprints: KeyFingerprints | None
+    # when the first of its certificates and key statement ends (ISO 8601, UTC)
+    certificates_end: str | None = None
+    warnings: list[str] = []
 
 
 class DeploymentStatusOut(BaseModel):
@@ -63,6 +74,8 @@ class DeploymentStatusOut(BaseModel):
     scheme: str
     securities: list[str]
     parties: list[PartyStatusOut]
+    # the gateway's own certificates ending soon or ended
+    warnings: list[str] = []
 
 
 def _sha256(data: bytes) -> str:
@@ -79,6 +92,69 @@ def _cert_fingerprints(pem: bytes) -> list[str]:
     return [_sha256(c.public_bytes(Encoding.DER)) for c in certs]
 
 
+_PARTY_RENEW = "the operator renews it with `ppfs pki sign` on that party's state directory"
+_GATEWAY_RENEW = {
+    "client": "renew it with `ppfs pki client` and restart the gateway",
+    "https": "renew it with `ppfs pki https` and restart the gateway",
+}
+_REPORTED = Path("(as the party reports it)")
+
+
+def _party_lifetimes(ident: pb.PartyIdentity) -> list[Lifetime]:
+    """What the party reports, as it reports it: for showing only (clients check the
+    key statement themselves)."""
+    pems = [("control-plane certificate", ident.tls_certificate_pem)]
+    with contextlib.suppress(ValueError):  # none reported, or not PEM: nothing to show
+        pems += [("MPC certificate", c.public_bytes(Encoding.PEM))
+                 for c in x509.load_pem_x509_certificates(ident.mpc_certificate_pem)]
+    found: list[Lifetime] = []
+    for what, pem in pems:
+        try:
+            found.append(Lifetime(what, _REPORTED, certificate_end(pem), _PARTY_RENEW))
+        except ValueError:
+            continue
+    if ident.key_statement:
+        try:
+            end = KeyStatement.from_bytes(ident.key_statement).end
+            found.append(Lifetime("key statement", _REPORTED, end, _PARTY_RENEW))
+        except UntrustedPartyKey:
+            pass
+    return found
+
+
+def _warnings(lives: list[Lifetime], now: dt.datetime) -> tuple[list[str], str]:
+    """(lines for those ending soon, the line for the first one ended or '')."""
+    soon, ended = [], ""
+    for life in sorted(lives, key=lambda x: x.not_after):
+        phrase = life.phrase(now)
+        if phrase is None:
+            continue
+        if life.not_after <= now:
+            ended = ended or f"{phrase}: {life.renew}"
+        else:
+            soon.append(f"{phrase}: {life.renew}")
+    return soon, ended
+
+
+def gateway_warnings(settings: Settings, now: dt.datetime | None = None) -> list[str]:
+    """Lines for the gateway's own certificates that end soon or have ended."""
+    now = now or dt.datetime.now(dt.UTC)
+    files = [("client", "client identity certificate", settings.tls.client_cert),
+             ("https", "HTTPS certificate", settings.https_cert)]
+    out = []
+    for kind, what, path in files:
+        if path is None:
+            continue
+        try:
+            life = Lifetime(what, path, certificate_end(path.read_bytes()), _GATEWAY_RENEW[kind])
+        except (OSError, ValueError):
+            continue
+        line = life.problem(now)
+        if line is not None:
+            out.append(line)
+    return out
+
+
 async def _probe(c: PartyClient) -> PartyStatusOut:
     start = time.perf_counter()
     try:
@@ -91,12 +167,15 @@ async def _probe(c: PartyClient) -> PartyStatusOut:
         )  # fmt: skip
     ms = (time.perf_counter() - start) * 1000
     tls = _cert_fingerprints(ident.tls_certificate_pem)
+    lives = _party_lifetimes(ident)
+    soon, ended = _warnings(lives, dt.datetime.now(dt.UTC))
+    problem = f"reports index {ident.index}" if ident.index != c.index else ended
     return PartyStatusOut(
         index=c.index,
         name=ident.name or c.name,
         reachable=True,
         latency_ms=round(ms, 1),
-        problem="" if ident.index == c.index else f"reports index {ident.index}",
+        problem=problem,
         engines=list(ident.engines),
         software_version=ident.software_version,
         engine_versions=dict(ident.engine_versions),
@@ -107,12 +186,18 @@ async def _probe(c: PartyClient) -> PartyStatusOut:
             tls_certificate=tls[0] if tls else "",
             mpc_certificates=_cert_fingerprints(ident.mpc_certificate_pem),
         ),
+        certificates_end=(min(x.not_after for x in lives).strftime("%Y-%m-%dT%H:%M:%SZ")
+                          if lives else None),
+        warnings=soon,
     )
 
 
 @router.get("/v1/deployment/status", response_model=DeploymentStatusOut)
-async def get_deployment_status(_who: PrincipalDep, parties: PartiesDep) -> DeploymentStatusOut:
-    """Every party probed now: reachable, latency, engines and versions, key fingerprints."""
+async def get_deployment_status(
+    _who: PrincipalDep, parties: PartiesDep, res: ResourcesDep,
+) -> DeploymentStatusOut:
+    """Every party probed now: reachable, latency, engines and versions, key
+    fingerprints, certificates' ends."""
     found = await asyncio.gather(*(_probe(c) for c in parties.clients))
     n = len(found)
     return DeploymentStatusOut(
@@ -121,6 +206,7 @@ async def get_deployment_status(_who: PrincipalDep, parties: PartiesDep) -> Depl
         scheme="rep3" if n == 3 else "rep4",
         securities=[s.value for s in Security if s.parties == n],
         parties=list(found),
+        warnings=await asyncio.to_thread(gateway_warnings, res.settings),
     )
 
 
