@@ -14,6 +14,7 @@ import asyncio
 import base64
 import datetime as dt
 import hashlib
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -45,14 +46,17 @@ from ppfs.contract import (
     SignedRequest,
     description_sha256,
     plan,
+    service_shape,
 )
 from ppfs.durable import free_port_ranges
 from ppfs.engines.mpyc_engine import MpycEngine
+from ppfs.fixedpoint import FixedPoint
 from ppfs.pki import CertificateAuthority, issue_client_identity
 from ppfs.scoring import Scorer
 from ppfs.sharing import Scheme, ShareBundle, bundles_for_all
-from ppfs.step2a import Security, Step2AShape
+from ppfs.step2a import Security, Step2AShape, draw_mask_words, mirror, unmask_all
 from ppfs.step2b import TrainParams
+from ppfs.table import LabelledTable
 from ppfs.upload import (
     SIGNED_AT_FORMAT,
     Manifest,
@@ -157,6 +161,7 @@ async def spawn_party(
         "--mpc-port-count", str(settings.mpc_port_count),
         "--max-upload-bytes", str(settings.max_upload_bytes),
         "--max-concurrent-jobs", str(settings.max_concurrent_jobs),
+        "--drain-seconds", str(settings.drain_seconds),
     ]
     if settings.mpc_bind_host:
         argv += ["--mpc-bind-host", settings.mpc_bind_host]
@@ -479,3 +484,96 @@ class SlowEngine(EngineWrapper):
             self.compiles.append(digest)
             self.cache.add(digest)
         return digest
+
+
+class ProcessCluster:
+    """Party daemons as processes (:func:`spawn_party`), their channels, one owner and
+    one recipient."""
+
+    def __init__(self, dep: Deployment) -> None:
+        self.dep = dep
+        self.procs: list[asyncio.subprocess.Process | None] = [None] * len(dep.settings)
+        self.channels: list[grpc.aio.Channel | None] = [None] * len(dep.settings)
+        self.stubs: list[party_pb2_grpc.PartyServiceStub] = []
+        self.owner = dep.add_owner("owner-a")
+        self.recipient = dep.add_owner("recipient")
+
+    async def start(self, i: int) -> None:
+        proc, port = await spawn_party(self.dep.settings[i],
+                                       self.dep.root / f"party{i}.log")
+        self.procs[i] = proc
+        old = self.channels[i]
+        if old is not None:
+            await old.close()
+        ch = self.dep.channel(i, port)
+        self.channels[i] = ch
+        stub = party_pb2_grpc.PartyServiceStub(ch)
+        if len(self.stubs) > i:
+            self.stubs[i] = stub
+        else:
+            self.stubs.append(stub)
+
+    async def stop(self, i: int, sig: int = signal.SIGTERM) -> None:
+        proc = self.procs[i]
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(sig)
+            await asyncio.wait_for(proc.wait(), 30)
+        self.procs[i] = None
+
+    async def close(self) -> None:
+        for i in range(len(self.procs)):
+            await self.stop(i, signal.SIGKILL)
+        for ch in self.channels:
+            if ch is not None:
+                await ch.close()
+
+    async def upload(self, table: LabelledTable, k: int, mask_id: str
+                     ) -> tuple[np.ndarray, np.ndarray, Step2AShape]:
+        ids = await identities(self.stubs)
+        box = [i.box_public_key for i in ids]
+        fp = FixedPoint()
+        exps = fp.choose_exponents(table.x, table.columns)
+        raw = fp.encode(table.x, exps, table.columns)
+        shape = service_shape(table.m, table.p, table.n_classes, k, fp.value_bits, None)
+        up = data_upload(self.owner, box, raw, table.columns, exps, dataset_id="ds",
+                         upload_id="up-data", onehot=table.one_hot(),
+                         label_column=table.label_column, classes=table.classes)
+        for i, stub in enumerate(self.stubs):
+            await stub.PutUploadPart(upload_messages(up, i))
+        self.data_up = up
+        words = self.add_mask(box, shape, mask_id)
+        return raw, words, shape
+
+    def add_mask(self, box: list[bytes], shape: Step2AShape, mask_id: str) -> np.ndarray:
+        words = draw_mask_words(shape.outputs)
+        self._pending_mask = mask_upload(self.recipient, box, words, dataset_id=f"m-{mask_id}",
+                                         upload_id=mask_id)
+        self.masks = {**getattr(self, "masks", {}), mask_id: self._pending_mask}
+        return words
+
+    async def send_mask(self) -> None:
+        for i, stub in enumerate(self.stubs):
+            await stub.PutUploadPart(upload_messages(self._pending_mask, i))
+
+    def job(self, job_id: str, mask_id: str, security: Security, engine: str, k: int,
+            recipient: PrivateKey) -> party_pb2.JobDescription:
+        return describe_job(
+            job_id, [[self.data_up]], mask=self.masks[mask_id], k=k, security=security.value,
+            engine=engine, recipient_public_key=bytes(recipient.public_key),
+            peers=self.dep.peer_addresses(),
+        )
+
+    async def run_job(self, desc: party_pb2.JobDescription, raw: np.ndarray, y: np.ndarray,
+                      words: np.ndarray, shape: Step2AShape, recipient: PrivateKey) -> None:
+        for stub in self.stubs:
+            await stub.StartJob(start_requests(desc))
+        finals = await asyncio.gather(*(watch_to_end(s, desc.job_id) for s in self.stubs))
+        assert all(f.state == party_pb2.JOB_STATE_SUCCEEDED for f in finals), [
+            f.error for f in finals]
+        ids = await identities(self.stubs)
+        parts = await fetch_opened(self.stubs, ids, desc.job_id, recipient)
+        assert all(np.array_equal(p, parts[0]) for p in parts)
+        out = unmask_all(parts[0], words, shape)
+        ref = mirror(raw, y, shape)
+        np.testing.assert_array_equal(out.indices, ref.selected)
+        assert out.reduced is None and parts[0].size == shape.k  # D' never leaves MPC

@@ -375,6 +375,8 @@ class Stack:
                 "--mpc-port-count", str(MPC_PORTS), "--mpc-bind-host", "127.0.0.1",
                 "--metrics-listen", f"127.0.0.1:{metrics_ports[i]}",
                 "--max-concurrent-jobs", concurrent,
+                # a development stack stops at once: its jobs are stopped with it
+                "--drain-seconds", "0",
                 *self.party_args.get(i, ()),
             ]  # fmt: skip
             self.metrics[name] = f"http://127.0.0.1:{metrics_ports[i]}/metrics"

@@ -42,6 +42,7 @@ from ppfs.pki import (
 )
 from ppfs_party.config import (
     DEFAULT_BUNDLE_CACHE,
+    DEFAULT_DRAIN_SECONDS,
     DEFAULT_MAX_OPEN_UPLOADS,
     DEFAULT_MAX_UPLOAD,
     DEFAULT_STAGED_EXPIRY,
@@ -110,6 +111,12 @@ def add_commands(subparsers: Any) -> None:
                        help="engine runs at once; a job beyond waits queued (default 1)")
     serve.add_argument("--job-timeout", type=float, default=None,
                        help="engine time limit per run in seconds")
+    serve.add_argument("--drain-seconds", type=float, default=DEFAULT_DRAIN_SECONDS,
+                       metavar="S",
+                       help="on SIGTERM or SIGINT, take no new job and give the unfinished "
+                            "ones up to S seconds to end before stopping them (default "
+                            f"{DEFAULT_DRAIN_SECONDS:.0f}; 0: stop them at once); a second "
+                            "signal stops at once")
     serve.add_argument("--port-file", type=Path, default=None,
                        help="write the bound control-plane port to this file")
     serve.add_argument("--mpspdz-cache", type=Path, default=None,
@@ -242,6 +249,7 @@ def _settings(args: argparse.Namespace) -> PartySettings:
             staged_expiry=args.staged_expiry_hours * 3600,
             bundle_cache_bytes=args.bundle_cache_mib << 20,
             job_timeout=args.job_timeout, port_file=args.port_file,
+            drain_seconds=args.drain_seconds,
             mpspdz_cache=args.mpspdz_cache, metrics_listen=args.metrics_listen,
             mpc_dial=tuple(MpcDial.parse(d) for d in args.mpc_dial),
         )

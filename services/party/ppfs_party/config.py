@@ -21,6 +21,9 @@ DEFAULT_MAX_OPEN_UPLOADS = 64
 # a staged upload part the gateway has not decided within this many seconds of its
 # arrival is aborted by the party itself: an undecided part holds the party's disk
 DEFAULT_STAGED_EXPIRY = 24 * 3600.0
+# `ppfs party serve`: what a stop (SIGTERM) gives the unfinished jobs to end, so that a
+# planned restart fails none of the jobs a minute's wait would finish
+DEFAULT_DRAIN_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,9 @@ class PartySettings:
     bundle_cache_bytes: int = DEFAULT_BUNDLE_CACHE
     job_timeout: float | None = None  # engine time limit per run; None: engine default
     stop_grace: float = 5.0  # seconds in-flight calls get on SIGTERM
+    # on SIGTERM, seconds the unfinished jobs get to end before they are stopped (no new
+    # job is taken meanwhile; a second SIGTERM stops at once); 0: stop them at once
+    drain_seconds: float = 0.0
     port_file: Path | None = None  # write the bound control-plane port here (port 0)
     metrics_listen: str | None = None  # Prometheus /metrics, plain HTTP, internal; None: off
     max_concurrent_jobs: int = 1  # engine runs at once; later jobs wait queued for a slot
@@ -147,6 +153,8 @@ class PartySettings:
         if not 0 < self.staged_expiry <= 366 * 86_400:
             raise ParameterError("staged_expiry (--staged-expiry-hours) must be more than 0 "
                                  "and at most a year")
+        if not 0 <= self.drain_seconds <= 86_400:
+            raise ParameterError("drain_seconds (--drain-seconds) must be 0 .. 86400")
         if self.bundle_cache_bytes < 0:
             raise ParameterError("bundle_cache_bytes must be 0 or more")
         if not self.gateway_name.strip():

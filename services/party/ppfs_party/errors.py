@@ -98,6 +98,10 @@ class CorruptStateError(PartyError):
     refuses to start, naming it, rather than run without what it records."""
 
 
+class PartyStoppingError(PartyError):
+    """The party is stopping: it takes no new job while its unfinished ones end."""
+
+
 class StorageError(PartyError):
     """This party could not write its own files (a write or sync failed): its fault,
     not a peer's, and nothing half-written is kept."""
@@ -139,6 +143,7 @@ _STATUS: dict[type[BaseException], grpc.StatusCode] = {
     UploadTimedOutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     TombstonesFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     TooManyOpenCallsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    PartyStoppingError: grpc.StatusCode.FAILED_PRECONDITION,
     DiskFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     # a failed write is this party's own fault: INTERNAL, but with the message naming it
     StorageError: grpc.StatusCode.INTERNAL,

@@ -99,6 +99,7 @@ from ppfs_party.errors import (
     DescriptionMismatchError,
     JobConflictError,
     NotFoundError,
+    PartyStoppingError,
     TombstonesFullError,
     is_write_failure,
     storage_error,
@@ -230,6 +231,8 @@ class JobRunner:
         self._compiling: dict[tuple[str, Step2AShape, Security], asyncio.Task[str]] = {}
         self._compile_slot = asyncio.Semaphore(settings.max_concurrent_jobs)
         self.metrics: PartyMetrics | None = None  # told of every change of a job
+        # set when the party stops: no new job is taken while the unfinished ones end
+        self.draining = False
 
     # -------------------------------------------------------------- records
     def open(self) -> None:
@@ -364,6 +367,10 @@ class JobRunner:
     def _accept(self, desc: party_pb2.JobDescription, sha256: str
                 ) -> tuple[JobRecord, JobContract, Engine]:
         """The cheap checks; records the job as queued. Raises when it is refused."""
+        if self.draining:
+            raise PartyStoppingError(
+                f"{self.settings.name} is stopping: it takes no new job while its running "
+                "ones end; submit again once it is back")
         if description_sha256(desc) != sha256:
             raise DescriptionMismatchError(
                 "the job description does not match its SHA-256: parties would run different jobs"
@@ -708,6 +715,24 @@ class JobRunner:
                           revocation_sha256=signed.digest)
         return RevocationReceipt(signed.digest, self.settings.index, r.owner_id,
                                  r.dataset_id, r.recipient, len(stopped))
+
+    def unfinished(self) -> int:
+        """How many jobs this party accepted have not ended (queued or running)."""
+        return sum(1 for r in self._records.values() if not (r.final or r.tombstone))
+
+    async def drain(self, seconds: float, stop_now: asyncio.Event) -> int:
+        """Take no new job and wait until every unfinished one has ended, ``seconds``
+        have passed or ``stop_now`` is set; how many are left unfinished."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while self.unfinished() and not stop_now.is_set():
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop_now.wait(), min(0.2, left))
+        return self.unfinished()
 
     async def shutdown(self) -> None:
         """Stop every unfinished job (their engine processes are killed)."""

@@ -72,6 +72,25 @@ class PartyServer:
     # its periodic checks (staged parts' expiry, the certificates' ends)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
+    async def drain(self, seconds: float, stop_now: asyncio.Event) -> None:
+        """Before :meth:`stop`: take no new job, and give the unfinished ones up to
+        ``seconds`` to end (less if ``stop_now`` is set), so that a planned stop (an
+        upgrade, a renewal) fails none of them."""
+        jobs = self.state.jobs
+        name = self.state.settings.name
+        jobs.draining = True
+        n = jobs.unfinished()
+        if n == 0:
+            return
+        log.info("[Party.server] %s stopping: letting %d unfinished job%s end (at most "
+                 "%.0f s; stop it again to stop them now)", name, n, "s" * (n > 1), seconds)
+        left = await jobs.drain(seconds, stop_now)
+        if left:
+            log.warning("[Party.server] %s: %d job%s still unfinished; stopping them", name,
+                        left, "s" * (left > 1))
+        else:
+            log.info("[Party.server] %s: every job ended", name)
+
     async def stop(self, grace: float | None = None) -> None:
         grace = self.state.settings.stop_grace if grace is None else grace
         for task in self.tasks:
@@ -155,9 +174,15 @@ async def _serve_locked(settings: PartySettings) -> None:
         tmp = settings.port_file.with_name(settings.port_file.name + ".tmp")
         tmp.write_text(f"{party.port}\n")
         tmp.replace(settings.port_file)
-    stop = asyncio.Event()
+    stop, stop_now = asyncio.Event(), asyncio.Event()
+
+    def on_signal() -> None:  # the first asks to stop, a second to stop at once
+        (stop_now if stop.is_set() else stop).set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     await stop.wait()
+    if settings.drain_seconds > 0:
+        await party.drain(settings.drain_seconds, stop_now)
     await party.stop()

@@ -1,0 +1,132 @@
+"""A party stopped for maintenance (SIGTERM) lets its unfinished jobs end first.
+
+It takes no new job meanwhile (refused, naming the stop), gives the running
+ones up to ``--drain-seconds`` and then stops; a second signal, or the time running out,
+stops them at once, as before ("party stopped").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from party_harness import (
+    Deployment,
+    ProcessCluster,
+    SlowEngine,
+    fetch_opened,
+    identities,
+    start_requests,
+    watch_to_end,
+)
+from ppfs_party import state as party_state
+from ppfs_party.server import start_party_server
+
+from ppfs.engines.base import Engine
+from ppfs.engines.mpyc_engine import MpycEngine
+from ppfs.step2a import Security, mirror, unmask_all
+from ppfs.synthetic import make_table
+from ppfs.v1 import party_pb2, party_pb2_grpc
+
+SUCCEEDED, FAILED = party_pb2.JOB_STATE_SUCCEEDED, party_pb2.JOB_STATE_FAILED
+
+
+def test_a_stopped_party_finishes_its_job_refuses_new_ones_and_exits(tmp_path: Path) -> None:
+    async def main() -> None:
+        dep = Deployment.create(tmp_path, 3, engines=("mpyc",), drain_seconds=120.0)
+        cluster = ProcessCluster(dep)
+        try:
+            for i in range(3):
+                await cluster.start(i)
+            table = make_table(48, 6, seed=11)
+            raw, words, shape = await cluster.upload(table, 2, "mask-1")
+            await cluster.send_mask()
+            rec = dep.owners["recipient"].box
+            desc = cluster.job("job-drain", "mask-1", Security.PASSIVE_3PC, "mpyc", 2, rec)
+            for stub in cluster.stubs:
+                await stub.StartJob(start_requests(desc))
+            bob = cluster.procs[1]
+            assert bob is not None
+            bob.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            assert bob.returncode is None  # still there: its job is running
+            # no new job while it stops, and the refusal says why
+            cluster.add_mask([i.box_public_key for i in await identities(cluster.stubs)],
+                             shape, "mask-2")
+            late = cluster.job("job-late", "mask-2", Security.PASSIVE_3PC, "mpyc", 2, rec)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await cluster.stubs[1].StartJob(start_requests(late))
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "Bob is stopping" in (info.value.details() or "")
+            finals = await asyncio.gather(*(watch_to_end(s, desc.job_id)
+                                            for s in cluster.stubs))
+            assert [f.state for f in finals] == [SUCCEEDED] * 3, [f.error for f in finals]
+            # then it stops by itself, as asked
+            assert await asyncio.wait_for(bob.wait(), 30) == 0
+            # nothing lost: back up, its result part opens to the mirror's selection
+            await cluster.start(1)
+            ids = await identities(cluster.stubs)
+            parts = await fetch_opened(cluster.stubs, ids, desc.job_id, rec)
+            out = unmask_all(parts[1], words, shape)
+            assert list(out.indices) == list(mirror(raw, table.y, shape).selected)
+            log = (tmp_path / "party1.log").read_text()
+            assert "letting 1 unfinished job end" in log and "every job ended" in log
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def _slow(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    def usable(settings: Any) -> dict[str, Engine]:
+        return {"mpyc": SlowEngine(MpycEngine(), seconds)}  # type: ignore[dict-item]
+
+    monkeypatch.setattr(party_state, "usable_engines", usable)
+
+
+def test_the_drain_ends_at_its_time_or_at_a_second_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _slow(monkeypatch, 30.0)  # a compile that outlasts every wait here
+
+    async def main() -> None:
+        dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
+        servers = [await start_party_server(s) for s in dep.settings]
+        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+        cluster = ProcessCluster(dep)  # its upload and job helpers, on these servers
+        cluster.stubs = [party_pb2_grpc.PartyServiceStub(c) for c in channels]
+        try:
+            table = make_table(12, 3, seed=4)
+            await cluster.upload(table, 1, "mask-1")
+            await cluster.send_mask()
+            desc = cluster.job("job-long", "mask-1", Security.PASSIVE_3PC, "mpyc", 1,
+                               dep.owners["recipient"].box)
+            for stub in cluster.stubs:
+                await stub.StartJob(start_requests(desc))
+            # its time runs out: the job is left to the stop, which fails it
+            began = time.monotonic()
+            await servers[0].drain(1.0, asyncio.Event())
+            assert 0.9 < time.monotonic() - began < 10
+            assert servers[0].state.jobs.unfinished() == 1
+            # a second stop does not wait at all
+            now = asyncio.Event()
+            now.set()
+            began = time.monotonic()
+            await servers[1].drain(60.0, now)
+            assert time.monotonic() - began < 2
+            await servers[0].stop(0)
+            rec = servers[0].state.jobs.get("job-long")
+            assert rec.state == "failed" and rec.error == "party stopped"
+        finally:
+            for c in channels:
+                await c.close()
+            for srv in servers[1:]:
+                await srv.stop(0)
+
+    asyncio.run(main())
+
