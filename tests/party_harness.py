@@ -354,14 +354,16 @@ class StoreParty:
         return [e for e in AuditLog(self.state / "audit.log").entries() if e["event"] == event]
 
 
-async def put_part(store: ShareStore, up: SealedUpload, staged: bool = True) -> StoredUpload:
-    """Party 0's part of ``up`` into ``store``, as the daemon receives it."""
+async def put_part(store: ShareStore, up: SealedUpload, staged: bool = True,
+                   repair: tuple[bytes, bytes] = (b"", b"")) -> StoredUpload:
+    """Party 0's part of ``up`` into ``store``, as the daemon receives it (with the
+    owner's signed repair, if given)."""
 
     async def chunks() -> AsyncIterator[bytes]:
         yield up.parts[0]
 
     header = UploadHeader(up.dataset_id, up.upload_id, up.owner_id, up.manifest, up.signature,
-                          len(up.parts[0]), staged)
+                          len(up.parts[0]), staged, *repair)
     return await store.put(header, chunks())
 
 

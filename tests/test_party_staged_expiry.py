@@ -1,13 +1,15 @@
 """Staged upload parts expire at the party: a part the gateway never decides (its
 decision lost, the gateway replaced, or a gateway that stages parts and walks away) is
 aborted by the party itself once it is older than ``--staged-expiry-hours``, exactly as
-the gateway's abort does (tombstone first: a late commit or a late copy of the part is
-refused), logged and audited. Its age is the time the party recorded when it stored the
-part; the clock is injected, nothing sleeps for hours."""
+the gateway's abort does (tombstone first: a late commit, or a late copy of the part
+without its owner's signed repair, is refused), logged and audited. Its age is the time
+the party recorded when it stored the part; the clock is injected, nothing sleeps for
+hours."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ import grpc
 import numpy as np
 import pytest
 from nacl.public import PrivateKey
+from nacl.signing import SigningKey
 from party_harness import (
     Deployment,
     Owner,
@@ -34,7 +37,9 @@ from ppfs_party.server import start_party_server
 from ppfs_party.store import ShareStore
 
 from ppfs.errors import ParameterError
+from ppfs.upload import SIGNED_AT_FORMAT, Repair, UploadRejected
 from ppfs.v1 import party_pb2, party_pb2_grpc
+from ppfs.withdrawal import Withdrawal
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -65,7 +70,9 @@ async def _assert_expired(store: ShareStore, party: StoreParty, upload_id: str) 
     with pytest.raises(UploadDecisionError, match=f"{upload_id!r} was aborted on this "
                        "party: its staged part expired"):
         await store.commit("ds", upload_id)
-    with pytest.raises(UploadReplayedError, match="aborted"):
+    # a copy of the part, without its owner's repair: refused
+    with pytest.raises(UploadRejected, match="expired here undecided, and no repair signed "
+                       "by its owner came with it"):
         await put_part(store, party.sealed(upload_id))
     assert upload_id not in {u.manifest.upload_id for u, _ in store.listing("ds")}
     assert not (party.state / "uploads" / upload_id).exists()
@@ -161,6 +168,82 @@ def test_part_stored_before_the_party_recorded_receipt_ages_from_its_manifest(
         again = party.store()
         assert await again.expire_staged(T0) == ["u1"]
         await _assert_expired(again, party, "u1")
+
+    asyncio.run(scenario())
+
+
+def _repair(party: StoreParty, up: SealedUpload, *, at: float | None = None,
+            index: int = 0, key: SigningKey | None = None) -> tuple[bytes, bytes]:
+    """The owner's repair of ``up`` for party ``index``, signed at ``at`` (party clock)."""
+    r = Repair.now(up.manifest, index)
+    if at is not None:
+        r = replace(r, signed_at=dt.datetime.fromtimestamp(at, dt.UTC).strftime(
+            SIGNED_AT_FORMAT))
+    return r.sign(key or party.owner.key)
+
+
+def test_only_the_owners_fresh_repair_brings_an_expired_part_back(party: StoreParty) -> None:
+    """A part this party expired undecided may be committed at the other parties (this
+    one was cut off meanwhile): its owner's signed repair stores it again, to be
+    committed. A copy without one, a repair not signed by the owner, stale, or for
+    another party or upload is refused; so is any part once the gateway aborted it."""
+    async def scenario() -> None:
+        store = party.store()
+        up = party.sealed("u1")
+        await put_part(store, up)
+        party.now = T0 + 2 * DAY
+        assert await store.expire_staged() == ["u1"]
+        other = party.sealed("u2")
+        refused = {
+            "no repair signed by its owner": (b"", b""),
+            "not signed by the upload's owner": _repair(party, up, key=SigningKey.generate()),
+            "for another upload, manifest or party": _repair(party, up, index=1),
+            "not within the last 1 h": _repair(party, up, at=party.now - 2 * HOUR),
+        }
+        forged_statement, _ = _repair(party, other)
+        refused["another upload's repair"] = (forged_statement,
+                                              party.owner.key.sign(forged_statement).signature)
+        for why, repair in refused.items():
+            with pytest.raises(UploadRejected) as info:
+                await put_part(store, up, repair=repair)
+            assert "expired here undecided" in str(info.value), why
+            assert store.status("u1") == "aborted", why
+        # the owner's repair, signed now: staged again, then committed by the gateway
+        await put_part(store, up, repair=_repair(party, up, at=party.now - 60))
+        assert store.status("u1") == "staged"
+        assert not (party.state / "aborted" / "u1").exists()
+        assert await store.commit("ds", "u1") == "committed"
+        again = party.store()  # and so after a restart
+        assert again.status("u1") == "committed"
+        assert [u.manifest.upload_id for u in again.held_uploads("ds")] == ["u1"]
+
+        # the gateway's abort of an expired part decides it: no repair brings it back
+        await put_part(again, other)
+        party.now = T0 + 5 * DAY
+        assert await again.expire_staged() == ["u2"]
+        assert await again.abort("ds", "u2") == "aborted"
+        for store_now in (again, party.store()):
+            with pytest.raises(UploadReplayedError, match="aborted"):
+                await put_part(store_now, other, repair=_repair(party, other))
+            assert store_now.status("u2") == "aborted"
+
+    asyncio.run(scenario())
+
+
+def test_a_withdrawn_expired_part_stays_refused_with_a_repair(party: StoreParty) -> None:
+    async def scenario() -> None:
+        store = party.store()
+        up = party.sealed("u1")
+        await put_part(store, up)
+        party.now = T0 + 2 * DAY
+        assert await store.expire_staged() == ["u1"]
+        w = Withdrawal(party.owner.owner_id, "ds",
+                       dt.datetime.fromtimestamp(party.now, dt.UTC).strftime(SIGNED_AT_FORMAT))
+        signed = w.sign(party.owner.key)
+        await store.withdraw(signed, w)
+        with pytest.raises(UploadRejected, match="withdrawn by its owner"):
+            await put_part(store, up, repair=_repair(party, up))
+        assert store.status("u1") == "aborted"
 
     asyncio.run(scenario())
 

@@ -87,6 +87,54 @@ def test_commit_after_every_party_expired_the_part_adds_nothing(
     assert a.check_dataset(ds)["consistent"]
 
 
+def test_a_party_that_expired_a_part_the_others_committed_is_repaired_by_its_owner(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Carol is cut off for longer than her expiry while Alice and Bob commit: she
+    expired the part, undecided, and refuses the commit. The upload stands (committed
+    elsewhere); `datasets check` names Carol; the owner's repair, signed by the owner,
+    stores the part at Carol again and the data set is whole."""
+    from ppfs_gateway.registry import Registry
+
+    s = stack
+    t = make_table(20, 3, seed=5)
+    a = s.client("owner-a")
+    ds = a.create_dataset("study")["id"]
+    stores = [srv.state.store for srv in s.cluster.servers]
+    real_commit = Registry.commit_upload
+
+    def commit_while_carol_is_away(self: Registry, *args: object, **kwargs: object) -> None:
+        real_commit(self, *args, **kwargs)  # type: ignore[arg-type]
+        s.loop.run(stores[2].expire_staged(time.time() + 2 * DAY))
+
+    monkeypatch.setattr(Registry, "commit_upload", commit_while_carol_is_away)
+    a.upload_table(s.keys["owner-a"], owner_table(t), ds)
+    monkeypatch.undo()
+    (uid,) = a.get_dataset(ds)["upload_ids"]
+    assert a.get_dataset(ds)["rows"] == 20  # it stands: Alice and Bob committed it
+    assert [st.status(uid) for st in stores] == ["committed", "committed", "aborted"]
+    check = a.check_dataset(ds)
+    assert not check["consistent"]
+    assert {p["name"]: p["missing"] for p in check["parties"]}["Carol"] == [uid]
+
+    # the gateway alone cannot bring it back: the original part, without the owner's
+    # repair, is refused by Carol
+    from ppfs_client.sent import load_sent
+
+    sent = load_sent(s.keys["owner-a"], uid)
+    with pytest.raises(ApiError) as err:
+        a._call("POST", f"/v1/datasets/{ds}/uploads/{uid}/repair", {
+            "party": 2, "manifest": sent["manifest"],
+            "manifest_signature": sent["manifest_signature"], "part": sent["parts"][2]})
+    assert "expired here undecided" in err.value.detail, err.value
+    assert stores[2].status(uid) == "aborted"
+
+    assert a.repair_dataset(s.keys["owner-a"], ds) == [(uid, "Carol")]
+    assert [st.status(uid) for st in stores] == ["committed"] * 3
+    assert a.check_dataset(ds)["consistent"]
+    wait_until(lambda: pending_decisions(s) == [])
+
+
 def test_the_registry_drops_an_expired_upload_only_while_no_party_committed_it(
     tmp_path: Path,
 ) -> None:

@@ -49,7 +49,7 @@ from ppfs.fixedpoint import FixedPoint
 from ppfs.keycert import NoTrustAnchor, TrustAnchor, UntrustedPartyKey, verify_party_keys
 from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.step2a import draw_mask_words, unmask_all
-from ppfs.upload import SIGNED_AT_FORMAT, Manifest, pack_bundles, seal, sign_manifest
+from ppfs.upload import SIGNED_AT_FORMAT, Manifest, Repair, pack_bundles, seal, sign_manifest
 from ppfs.withdrawal import (
     ReceiptRejected,
     Revocation,
@@ -655,6 +655,10 @@ class GatewayClient:
                 if upload_id not in mine:
                     continue
                 sent = load_sent(keys, upload_id)
+                # signed for this upload and party: a party that expired the part
+                # stores it again only with it (the gateway cannot bring it back alone)
+                repair, signature = Repair.now(base64.b64decode(sent["manifest"]),
+                                               p["index"]).sign(keys.signing)
                 self._call(
                     "POST",
                     f"/v1/datasets/{dataset_id}/uploads/{upload_id}/repair",
@@ -663,6 +667,8 @@ class GatewayClient:
                         "manifest": sent["manifest"],
                         "manifest_signature": sent["manifest_signature"],
                         "part": sent["parts"][p["index"]],
+                        "repair": base64.b64encode(repair).decode(),
+                        "repair_signature": base64.b64encode(signature).decode(),
                     },
                 )
                 done.append((upload_id, p["name"]))

@@ -158,3 +158,87 @@ def verify_manifest(blob: bytes, signature: bytes, owner_key: bytes) -> Manifest
     except (BadSignatureError, ValueError):
         raise UploadRejected("the upload manifest is not signed by its data owner") from None
     return Manifest.from_bytes(blob)
+
+
+# -- an owner's repair of a part a party expired -------------------------------------
+
+REPAIR_PURPOSE = "ppfs upload repair v1"
+# how long a signed repair is taken: less than any staged part's expiry, so that a
+# gateway cannot keep one and stage the part again each time it expires
+REPAIR_FRESH = dt.timedelta(hours=1)
+REPAIR_SKEW = dt.timedelta(minutes=5)  # a signer's clock ahead of the party's
+MAX_REPAIR_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class Repair:
+    """The owner asks party ``party`` to take its part of ``upload_id`` again, the one
+    of the manifest whose SHA-256 it names. A party that expired that part undecided
+    (ppfs_party.store) stores it again only with this, signed by the upload's owner
+    within :data:`REPAIR_FRESH`: the gateway alone cannot bring an expired part back."""
+
+    owner_id: str
+    dataset_id: str
+    upload_id: str
+    party: int
+    manifest_sha256: str
+    signed_at: str
+
+    @classmethod
+    def now(cls, manifest: bytes, party: int) -> Repair:
+        man = Manifest.from_bytes(manifest)
+        return cls(man.owner_id, man.dataset_id, man.upload_id, party,
+                   hashlib.sha256(manifest).hexdigest(),
+                   dt.datetime.now(dt.UTC).strftime(SIGNED_AT_FORMAT))
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"purpose": REPAIR_PURPOSE, **asdict(self)}, sort_keys=True,
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> Repair:
+        try:
+            if len(blob) > MAX_REPAIR_BYTES:
+                raise ValueError
+            d = json.loads(blob)
+            if not isinstance(d, dict) or d.pop("purpose", None) != REPAIR_PURPOSE:
+                raise ValueError
+            r = cls(**d)
+            if not (all(isinstance(v, str) for v in (r.owner_id, r.dataset_id, r.upload_id,
+                                                       r.manifest_sha256, r.signed_at))
+                    and type(r.party) is int):
+                raise ValueError
+            dt.datetime.strptime(r.signed_at, SIGNED_AT_FORMAT)
+            return r
+        except (ValueError, TypeError):
+            raise UploadRejected("the owner's repair statement is malformed") from None
+
+    def sign(self, key: SigningKey) -> tuple[bytes, bytes]:
+        blob = self.to_bytes()
+        return blob, key.sign(blob).signature
+
+
+def check_repair(statement: bytes, signature: bytes, owner_key: bytes, manifest: bytes,
+                 party: int, now: dt.datetime) -> Repair:
+    """The repair that lets ``party`` store its part of the upload of ``manifest`` again:
+    signed by the owner's key, for this very upload, manifest and party, and fresh.
+    UploadRejected naming what is wrong otherwise."""
+    if not statement:
+        raise UploadRejected("no repair signed by its owner came with it")
+    try:
+        VerifyKey(owner_key).verify(statement, signature)
+    except (BadSignatureError, ValueError):
+        raise UploadRejected("its repair is not signed by the upload's owner") from None
+    r = Repair.from_bytes(statement)
+    man = Manifest.from_bytes(manifest)
+    if ((r.owner_id, r.dataset_id, r.upload_id, r.party, r.manifest_sha256)
+            != (man.owner_id, man.dataset_id, man.upload_id, party,
+                hashlib.sha256(manifest).hexdigest())):
+        raise UploadRejected("its repair is for another upload, manifest or party")
+    at = dt.datetime.strptime(r.signed_at, SIGNED_AT_FORMAT).replace(tzinfo=dt.UTC)
+    if not now - REPAIR_FRESH <= at <= now + REPAIR_SKEW:
+        raise UploadRejected(
+            f"its repair was signed at {r.signed_at}, not within the last "
+            f"{REPAIR_FRESH.seconds // 3600} h: the owner signs a new one "
+            "(`ppfs datasets repair`)")
+    return r

@@ -485,9 +485,10 @@ class UploadKeeper:
 
     async def repair(
         self, ds: DatasetRecord, who: Principal, upload_id: str, party: int, manifest: bytes,
-        signature: bytes, part: bytes,
+        signature: bytes, part: bytes, repair: bytes = b"", repair_signature: bytes = b"",
     ) -> DatasetCheck:
-        """Re-send the original sealed part of ``upload_id`` to a party that lost it."""
+        """Re-send the original sealed part of ``upload_id`` to a party that lost it,
+        with the owner's signed repair (which a party that expired the part needs)."""
         found = self.registry.upload_owner(check_path_id(upload_id, "upload_id"))
         if found is None or found[0] != ds.id:
             raise NotFound(f"no upload {upload_id!r} in data set {ds.id!r}")
@@ -517,7 +518,8 @@ class UploadKeeper:
                     pb.UploadPartHeader(
                         dataset_id=ds.id, upload_id=upload_id, owner_id=owner,
                         manifest=manifest, manifest_signature=signature,
-                        sealed_size=len(part), staged=True,
+                        sealed_size=len(part), staged=True, repair=repair,
+                        repair_signature=repair_signature,
                     ),
                     part,
                 )

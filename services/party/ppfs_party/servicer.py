@@ -129,7 +129,8 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
                 raise ParameterError("an upload starts with its header")
             h = first.header
             header = UploadHeader(h.dataset_id, h.upload_id, h.owner_id, h.manifest,
-                                  h.manifest_signature, h.sealed_size, h.staged)
+                                  h.manifest_signature, h.sealed_size, h.staged, h.repair,
+                                  h.repair_signature)
 
             async def chunks() -> AsyncIterator[bytes]:
                 async for msg in request_iterator:

@@ -36,6 +36,14 @@ rewrites its parent entry, and a copy or a restore of the state resets it. A par
 stored by a version that did not write ``received_at`` ages from its manifest file's
 modification time (written once, when the part was stored).
 
+An expired part was decided by no one: the gateway may have committed it at the other
+parties while this one was cut off. So its id, unlike an aborted one, takes the same
+part again with its owner's signed repair (ppfs.upload.Repair: this upload, manifest
+and party, signed within the hour; ``ppfs datasets repair`` signs it), staged anew and
+committed by the gateway; the gateway alone cannot bring it back. The gateway's own
+abort of it makes it an aborted id like any other, and an owner's withdrawal covers it
+as before.
+
 The tombstone decides, whatever the crash point: an abort writes it durably first, then
 renames the staged directory to a dot-name (removed on start) and deletes it; a commit
 refuses a tombstoned id; and on start a staged directory whose id is tombstoned is
@@ -61,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -85,6 +94,7 @@ from ppfs.sharing import Scheme, ShareBundle, check_bundle_file
 from ppfs.upload import (
     Manifest,
     UploadRejected,
+    check_repair,
     open_sealed,
     sealed_size_range,
     unpack_bundles,
@@ -171,6 +181,10 @@ class UploadHeader:
     manifest_signature: bytes
     sealed_size: int
     staged: bool = False
+    # the owner's signed repair (ppfs.upload.Repair): needed only for a part this party
+    # expired undecided
+    repair: bytes = b""
+    repair_signature: bytes = b""
 
 
 # how a withdrawal's tombstone begins (an abort's holds only the data set id): on start, a
@@ -589,6 +603,15 @@ class ShareStore:
                 raise TombstonesFullError(
                     f"this party keeps at most {MAX_TOMBSTONES} aborted upload ids; an "
                     "abort of an upload it never received is refused")
+            if upload_id in self._expired:
+                # the gateway's decision now: aborted for good, as any abort (a repair
+                # can no longer send it again)
+                try:
+                    await asyncio.to_thread(write_durable, self.aborted_dir / upload_id,
+                                            dataset_id[:128].encode())
+                except OSError as exc:
+                    raise storage_error(exc, "recording the upload's abort") from None
+                self._expired.discard(upload_id)
             stored = await self._abort_locked(upload_id, dataset_id[:128].encode())
         self.audit.record("upload.aborted", dataset_id=dataset_id[:128], upload_id=upload_id,
                           had_part=stored is not None)
@@ -617,6 +640,33 @@ class ShareStore:
         return stored
 
     # -------------------------------------------------------------- expiry
+    def _expired_here(self, upload_id: str) -> bool:
+        """Whether ``upload_id`` is refused only because this party expired its staged
+        part itself, undecided: the gateway never aborted it, so it may have committed
+        it at the other parties, and the owner's repair may send the part again."""
+        return upload_id in self._expired and upload_id not in self._abort_unsure
+
+    def _check_revival(self, header: UploadHeader, owner_key: bytes) -> None:
+        """For a part whose id is refused here: pass only where this party expired it
+        and its owner signed a fresh repair of it for this party; UploadReplayedError
+        (an aborted id) or UploadRejected (the repair does not hold) otherwise."""
+        if not self._expired_here(header.upload_id):
+            raise UploadReplayedError("this upload was aborted (its id is refused)")
+        try:
+            check_repair(header.repair, header.repair_signature, owner_key, header.manifest,
+                         self.party, dt.datetime.fromtimestamp(self._clock(), dt.UTC))
+        except UploadRejected as exc:
+            raise UploadRejected(
+                f"upload {header.upload_id!r} expired here undecided, and {exc}: only its "
+                "owner's repair (`ppfs datasets repair`) sends it again") from None
+
+    def _lift_tombstone(self, upload_id: str) -> None:
+        """Delete the tombstone of a part this party expired, as its owner's repair sends
+        it again (the part is stored next; a crash between the two leaves the id free and
+        nothing staged, which a repair sends again)."""
+        (self.aborted_dir / upload_id).unlink(missing_ok=True)
+        fsync_dir(self.aborted_dir)
+
     def received_at(self, stored: StoredUpload) -> float | None:
         """When this party stored the part (its own clock, Unix seconds): the time it
         wrote with the part, else (a part stored before it wrote one) its manifest
@@ -788,7 +838,7 @@ class ShareStore:
             )
         async with self._lock:
             if self._refused(manifest.upload_id):
-                raise UploadReplayedError("this upload was aborted (its id is refused)")
+                self._check_revival(header, owner_key)
             if (manifest.upload_id in self._uploads or manifest.upload_id in self._staged
                     or manifest.upload_id in self._inflight):
                 raise UploadReplayedError("this upload was received before (replay refused)")
@@ -802,9 +852,16 @@ class ShareStore:
             bundles = await asyncio.to_thread(self._open, sealed, manifest, scheme)
             self._check_dataset(manifest, frozenset(bundles))
             async with self._lock:  # an abort that came first wins
-                if self._refused(manifest.upload_id):
-                    raise UploadReplayedError("this upload was aborted (its id is refused)")
+                uid = manifest.upload_id
+                if self._refused(uid):
+                    self._check_revival(header, owner_key)
                 try:
+                    if uid in self._expired:
+                        await asyncio.to_thread(self._lift_tombstone, uid)
+                        self._aborted.discard(uid)
+                        self._expired.discard(uid)
+                        log.info("[Party.store] upload=%s: its part, expired here "
+                                 "undecided, is sent again (the owner's repair)", uid)
                     stored = await asyncio.to_thread(self._commit, header, manifest, bundles)
                 except OSError as exc:  # nothing of it kept (_commit clears its files)
                     raise storage_error(exc, "storing the upload part") from None

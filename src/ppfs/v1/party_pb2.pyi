@@ -113,7 +113,7 @@ class PartyIdentity(_message.Message):
     def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., box_public_key: _Optional[bytes] = ..., signing_public_key: _Optional[bytes] = ..., tls_certificate_pem: _Optional[bytes] = ..., mpc_certificate_pem: _Optional[bytes] = ..., engines: _Optional[_Iterable[str]] = ..., mpc_host: _Optional[str] = ..., mpc_port_base: _Optional[int] = ..., mpc_port_count: _Optional[int] = ..., key_statement: _Optional[bytes] = ..., key_statement_signature: _Optional[bytes] = ..., deployment_ca_pem: _Optional[bytes] = ..., software_version: _Optional[str] = ..., engine_versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class UploadPartHeader(_message.Message):
-    __slots__ = ("dataset_id", "upload_id", "owner_id", "manifest", "manifest_signature", "sealed_size", "staged")
+    __slots__ = ("dataset_id", "upload_id", "owner_id", "manifest", "manifest_signature", "sealed_size", "staged", "repair", "repair_signature")
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,8 @@ class UploadPartHeader(_message.Message):
     MANIFEST_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     SEALED_SIZE_FIELD_NUMBER: _ClassVar[int]
     STAGED_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     dataset_id: str
     upload_id: str
     owner_id: str
@@ -128,7 +130,9 @@ class UploadPartHeader(_message.Message):
     manifest_signature: bytes
     sealed_size: int
     staged: bool
-    def __init__(self, dataset_id: _Optional[str] = ..., upload_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., manifest: _Optional[bytes] = ..., manifest_signature: _Optional[bytes] = ..., sealed_size: _Optional[int] = ..., staged: _Optional[bool] = ...) -> None: ...
+    repair: bytes
+    repair_signature: bytes
+    def __init__(self, dataset_id: _Optional[str] = ..., upload_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., manifest: _Optional[bytes] = ..., manifest_signature: _Optional[bytes] = ..., sealed_size: _Optional[int] = ..., staged: _Optional[bool] = ..., repair: _Optional[bytes] = ..., repair_signature: _Optional[bytes] = ...) -> None: ...
 
 class UploadPartChunk(_message.Message):
     __slots__ = ("header", "chunk")

@@ -157,6 +157,12 @@ class UploadRepair(Strict):
     manifest: Base64 = Field(description="the upload's original signed manifest")
     manifest_signature: Base64
     part: Base64 = Field(description="that party's original sealed part")
+    # a party that expired the part undecided stores it again only with these
+    repair: Base64 = Field(default="", max_length=2048,
+                           description="the owner's signed repair (ppfs.upload.Repair) of "
+                                       "this upload for that party")
+    repair_signature: Base64 = Field(default="", max_length=128,
+                                     description="its Ed25519 signature by the owner")
 
 
 class WithdrawalCreate(Strict):

@@ -197,6 +197,8 @@ async def repair_upload(
         b64decode(body.manifest, "manifest"),
         b64decode(body.manifest_signature, "manifest_signature"),
         b64decode(body.part, "part"),
+        b64decode(body.repair, "repair"),
+        b64decode(body.repair_signature, "repair_signature"),
     )
     return check_out(check)
 
