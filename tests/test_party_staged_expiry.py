@@ -182,17 +182,23 @@ def _repair(party: StoreParty, up: SealedUpload, *, at: float | None = None,
     return r.sign(key or party.owner.key)
 
 
+async def _expired_part(party: StoreParty) -> tuple[ShareStore, SealedUpload]:
+    """Owner-a's part "u1", stored staged, then expired here (two days undecided)."""
+    store = party.store()
+    up = party.sealed("u1")
+    await put_part(store, up)
+    party.now = T0 + 2 * DAY
+    assert await store.expire_staged() == ["u1"]
+    return store, up
+
+
 def test_only_the_owners_fresh_repair_brings_an_expired_part_back(party: StoreParty) -> None:
     """A part this party expired undecided may be committed at the other parties (this
     one was cut off meanwhile): its owner's signed repair stores it again, to be
     committed. A copy without one, a repair not signed by the owner, stale, or for
     another party or upload is refused; so is any part once the gateway aborted it."""
     async def scenario() -> None:
-        store = party.store()
-        up = party.sealed("u1")
-        await put_part(store, up)
-        party.now = T0 + 2 * DAY
-        assert await store.expire_staged() == ["u1"]
+        store, up = await _expired_part(party)
         other = party.sealed("u2")
         refused = {
             "no repair signed by its owner": (b"", b""),
@@ -232,11 +238,7 @@ def test_only_the_owners_fresh_repair_brings_an_expired_part_back(party: StorePa
 
 def test_a_withdrawn_expired_part_stays_refused_with_a_repair(party: StoreParty) -> None:
     async def scenario() -> None:
-        store = party.store()
-        up = party.sealed("u1")
-        await put_part(store, up)
-        party.now = T0 + 2 * DAY
-        assert await store.expire_staged() == ["u1"]
+        store, up = await _expired_part(party)
         w = Withdrawal(party.owner.owner_id, "ds",
                        dt.datetime.fromtimestamp(party.now, dt.UTC).strftime(SIGNED_AT_FORMAT))
         signed = w.sign(party.owner.key)
