@@ -29,7 +29,7 @@ from party_harness import Deployment
 from ppfs_party.keys import sign_party_requests
 from ppfs_party.lifetimes import CertificateExpiredError
 from ppfs_party.server import start_party_server
-from service_fakes import RealCluster, make_stack
+from service_fakes import RealCluster, make_stack, run_cli
 
 from ppfs.keycert import KeyStatement, TrustAnchor, UntrustedPartyKey, verify_party_keys
 from ppfs.pki import (
@@ -240,7 +240,9 @@ def test_a_party_with_an_ended_key_statement_does_not_start(tmp_path: Path) -> N
                           statement=blob, signature=sig)
 
 
-def test_the_deployment_status_shows_every_end_and_warns_before_it(tmp_path: Path) -> None:
+def test_the_deployment_status_shows_every_end_and_warns_before_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
     cluster = RealCluster(3, tmp_path, ("mpyc",))
     # Bob's certificates end in 5 days; the gateway's client identity in 3
     sign_party_requests(cluster.dep.ca, cluster.dep.settings[1].state_dir, 1,
@@ -268,6 +270,17 @@ def test_the_deployment_status_shows_every_end_and_warns_before_it(tmp_path: Pat
         assert len(body["warnings"]) == 1
         assert "client identity certificate expires on" in body["warnings"][0]
         assert "ppfs pki client" in body["warnings"][0]
+
+        # a client sees each party's checked end, and a warning for Bob's
+        rc, out, err = run_cli(capsys, stack, "analyst-1", "deployment")
+        assert rc == 0, err
+        until = {line.split()[1]: line.rsplit(" ", 1)[-1] for line in out.splitlines()
+                 if "keys certified until" in line}
+        assert until["Bob"] == f"{bob_end:%Y-%m-%d}"
+        assert until["Alice"] == f"{alice_end:%Y-%m-%d}"
+        (warning,) = err.strip().splitlines()
+        assert warning.startswith("ppfs: warning: Bob's key certificate ends on")
+        assert "ppfs pki sign" in warning
     finally:
         stack.close()
 

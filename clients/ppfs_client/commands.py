@@ -33,6 +33,7 @@ from ppfs.jobflags import (
     train_params_from_flags,
 )
 from ppfs.keycert import ANCHOR_ENV, TrustAnchor
+from ppfs.pki import RENEW_WITHIN
 from ppfs.table import read_csv, read_features
 from ppfs_client.keys import ClientKeys
 from ppfs_client.progress import (
@@ -783,11 +784,21 @@ def _keys_show(args: argparse.Namespace) -> int:
 def _deployment(args: argparse.Namespace) -> int:
     with _client(args) as client:
         # one answer, every party's keys in it checked against the trust anchor
-        _, raw = client.deployment_answer()
+        dep, raw = client.deployment_answer()
     lines = [
         f"{p['index']} {p['name']:6} mpc {p['mpc_address']}  engines {', '.join(p['engines'])}"
-        for p in raw["parties"]
+        + (f"  keys certified until {info.keys_valid_until:%Y-%m-%d}"
+           if info.keys_valid_until else "")
+        for p, info in zip(raw["parties"], dep.parties, strict=True)
     ]
+    now = dt.datetime.now(dt.UTC)
+    for info in dep.parties:  # a party whose keys end soon is refused once they have
+        if info.keys_valid_until and info.keys_valid_until - now <= RENEW_WITHIN:
+            days = (info.keys_valid_until - now).days
+            print(f"ppfs: warning: {info.name}'s key certificate ends on "
+                  f"{info.keys_valid_until:%Y-%m-%d %H:%M} UTC (in {days} day"
+                  f"{'s' * (days != 1)}): uploads and results need it; ask the deployment's "
+                  "operator to renew it (`ppfs pki sign`)", file=sys.stderr)
     lines.append(f"scheme {raw['scheme']}; security settings {', '.join(raw['securities'])}")
     _out(args, raw, "\n".join(lines))
     return 0

@@ -25,7 +25,7 @@ import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import httpx
@@ -153,6 +153,8 @@ class PartyInfo:
     signing_public_key: bytes
     mpc_address: str
     engines: tuple[str, ...]
+    # the end of its key statement, as checked against the trust anchor
+    keys_valid_until: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -253,14 +255,14 @@ class Deployment:
                 raise UntrustedPartyKey(
                     f"the gateway lists party {info.index} ({info.name}) in place {pos}"
                 )
-            verify_party_keys(
+            st = verify_party_keys(
                 trust, index=info.index, name=info.name, box_public_key=info.box_public_key,
                 signing_public_key=info.signing_public_key,
                 statement=base64.b64decode(p.get("key_statement", "")),
                 signature=base64.b64decode(p.get("key_statement_signature", "")),
                 relayed_ca_pem=relayed_ca,
             )
-            parties.append(info)
+            parties.append(replace(info, keys_valid_until=st.end))
         if len(parties) not in (3, 4):
             raise UntrustedPartyKey(f"the gateway lists {len(parties)} parties, not 3 or 4")
         scheme, own = Scheme.for_parties(len(parties)), FixedPoint()
