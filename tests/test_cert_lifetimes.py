@@ -29,7 +29,7 @@ from party_harness import Deployment
 from ppfs_party.keys import sign_party_requests
 from ppfs_party.lifetimes import CertificateExpiredError
 from ppfs_party.server import start_party_server
-from service_fakes import RealCluster, make_stack, run_cli
+from service_fakes import RealCluster, make_stack, owner_table, run_cli, wait_until
 
 from ppfs.keycert import KeyStatement, TrustAnchor, UntrustedPartyKey, verify_party_keys
 from ppfs.pki import (
@@ -43,6 +43,7 @@ from ppfs.pki import (
     save_ca,
     write_cert,
 )
+from ppfs.synthetic import make_table
 from ppfs.v1 import party_pb2, party_pb2_grpc
 
 DAY = dt.timedelta(days=1)
@@ -308,3 +309,31 @@ def test_a_gateway_whose_certificate_ended_does_not_start(tmp_path: Path) -> Non
     problem = check_keys(settings, make_keys=False)
     assert problem is not None
     assert "gateway.pem: the certificate expired on" in problem and "ppfs pki client" in problem
+
+
+def test_a_renewal_reaches_clients_through_the_gateway_without_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ppfs_gateway.parties
+
+    monkeypatch.setattr(ppfs_gateway.parties, "IDENTITY_REFRESH_SECONDS", 0.2)
+    cluster = RealCluster(3, tmp_path, ("mpyc",))
+    bob = cluster.dep.settings[1].state_dir
+    sign_party_requests(cluster.dep.ca, bob, 1, validity=5 * DAY)
+    stack = make_stack(tmp_path, cluster=cluster)
+    try:
+        client = stack.client("owner-a")
+
+        def bobs_end() -> dt.datetime | None:
+            return client.deployment().parties[1].keys_valid_until
+
+        short = bobs_end()
+        assert short is not None and short - dt.datetime.now(dt.UTC) <= 5 * DAY
+        sign_party_requests(cluster.dep.ca, bob, 1)  # the operator renews Bob
+        wait_until(lambda: (bobs_end() or short) - short > 300 * DAY, timeout=20)
+        # and an upload seals to Bob's keys, checked against the renewed statement
+        ds = client.create_dataset("study")["id"]
+        client.upload_table(stack.keys["owner-a"], owner_table(make_table(8, 2, seed=1)), ds)
+        assert client.check_dataset(ds)["consistent"]
+    finally:
+        stack.close()

@@ -10,8 +10,10 @@ produced, capped in length.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -41,6 +43,11 @@ UPLOAD_FLOOR_BYTES_PER_SECOND = 256 << 10
 # rename and an unlink per file, however large): seconds, so that a frozen party holds the
 # owner's command for well under a transfer's time
 WITHDRAW_EXTRA_SECONDS = 30.0
+# A party's identity is fetched once and served from the cache; one older than this is
+# fetched again in the background (the cached one is served meanwhile, and kept if the
+# party does not answer): a party's renewed key statement reaches clients without a
+# gateway restart.
+IDENTITY_REFRESH_SECONDS = 60.0
 
 _REJECTED = {
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -249,7 +256,10 @@ class Parties:
     def __init__(self, clients: Sequence[PartyClient]) -> None:
         self.clients = list(clients)
         self._identities: list[pb.PartyIdentity] | None = None
+        self._fetched = 0.0  # time.monotonic() of the cached identities
+        self._refresh: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self.refresh_seconds = IDENTITY_REFRESH_SECONDS
 
     @classmethod
     def connect(cls, settings: Settings) -> Parties:
@@ -271,17 +281,39 @@ class Parties:
         return len(self.clients)
 
     async def identities(self) -> list[pb.PartyIdentity]:
-        """Every party's identity (fetched once, then cached); checks party order."""
+        """Every party's identity (fetched once, then cached and fetched again in the
+        background once older than :attr:`refresh_seconds`); checks party order."""
         async with self._lock:
             if self._identities is None:
-                got = await asyncio.gather(*(c.identity() for c in self.clients))
-                for c, ident in zip(self.clients, got, strict=True):
-                    if ident.index != c.index:
-                        raise PartyRejected(
-                            f"the party configured as {c.name} reports index {ident.index}"
-                        )
-                self._identities = list(got)
+                self._identities = await self._fetch_identities()
+                self._fetched = time.monotonic()
+            elif (time.monotonic() - self._fetched > self.refresh_seconds
+                  and (self._refresh is None or self._refresh.done())):
+                self._refresh = asyncio.create_task(self._refresh_identities())
             return self._identities
 
+    async def _fetch_identities(self) -> list[pb.PartyIdentity]:
+        got = await asyncio.gather(*(c.identity() for c in self.clients))
+        for c, ident in zip(self.clients, got, strict=True):
+            if ident.index != c.index:
+                raise PartyRejected(
+                    f"the party configured as {c.name} reports index {ident.index}"
+                )
+        return list(got)
+
+    async def _refresh_identities(self) -> None:
+        try:
+            got = await self._fetch_identities()
+        except Exception as exc:  # a party away: the cached identities stay
+            log.info("[Gateway.Parties] identities not refreshed: %s", type(exc).__name__)
+            self._fetched = time.monotonic()
+            return
+        async with self._lock:
+            self._identities, self._fetched = got, time.monotonic()
+
     async def close(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._refresh
         await asyncio.gather(*(c.channel.close() for c in self.clients))
