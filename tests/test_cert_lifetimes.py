@@ -227,7 +227,9 @@ def test_a_party_with_an_ended_key_statement_does_not_start(tmp_path: Path) -> N
                                           dt.timedelta(seconds=1))
     replace_public_file(bob.state_dir / "certs" / "party-keys.sig", sig)
     replace_public_file(bob.state_dir / "certs" / "party-keys.json", blob)
-    time.sleep(1.5)
+    # a statement states its end to the second, and a client reads it as valid through
+    # that whole second: two seconds on, it has ended for the party and the client alike
+    time.sleep(2.1)
     with pytest.raises(CertificateExpiredError, match=r"party-keys\.json: its key statement "
                                                       r"expired on .*ppfs pki sign"):
         asyncio.run(start_party_server(bob))
