@@ -9,6 +9,7 @@ tables; a slow compile is an engine wrapper whose ``prepare`` waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -37,6 +38,7 @@ from party_harness import (
 from party_runs import party_specs, run_every_party
 from ppfs_party import state as party_state
 from ppfs_party.errors import CorruptStateError
+from ppfs_party.jobs import JobRunner
 from ppfs_party.kept import RevocationBook
 from ppfs_party.server import start_party_server
 from procs import processes_in
@@ -496,6 +498,52 @@ def test_a_withdrawal_stops_the_jobs_that_use_its_uploads(
         for i in range(3):
             events = [(e["event"], e.get("job_id")) for e in w.audit(i)]
             assert ("job.cancel", "j-withdrawn") in events
+
+    _run(tmp_path, scenario)
+
+
+def test_a_job_started_while_a_withdrawal_stops_the_others_is_stopped_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a turned gateway relays the owner's withdrawal and, while the party stops the job
+    # already running on the data (an engine takes its time to die), starts another one
+    # on the same upload: the party must not leave that job running on withdrawn rows
+    _slow_engines(monkeypatch, seconds=5.0)
+    stopping = asyncio.Event()
+    started_meanwhile = asyncio.Event()
+    stop_using = JobRunner.stop_using
+
+    async def slow_stop(self: JobRunner, upload_ids: Any, reason: str) -> list[str]:
+        stopped = await stop_using(self, upload_ids, reason)
+        stopping.set()  # as long as an engine takes to die
+        await started_meanwhile.wait()
+        return stopped
+
+    monkeypatch.setattr(JobRunner, "stop_using", slow_stop)
+
+    async def scenario(w: World) -> None:
+        mask, _ = w.masks(w.shape(), "mask-w1", 5)
+        mask2, _ = w.masks(w.shape(), "mask-w2", 6)
+        await w.put(mask)
+        await w.put(mask2)
+        first = w.job("j-running", [[w.data]], mask)
+        await w.stubs[0].StartJob(start_requests(first))
+        signed = Withdrawal.now("owner-a", "ds").sign(w.dep.owners["owner-a"].key)
+        withdraw = asyncio.ensure_future(w.stubs[0].WithdrawUploads(
+            party_pb2.WithdrawUploadsRequest(statement=signed.statement,
+                                             signature=signed.signature)))
+        await stopping.wait()
+        late = w.job("j-meanwhile", [[w.data]], mask2)
+        with contextlib.suppress(grpc.aio.AioRpcError):  # refused: as good
+            await w.stubs[0].StartJob(start_requests(late))
+        started_meanwhile.set()
+        got = await withdraw
+        assert WithdrawalReceipt.from_bytes(got.receipt).held == 0
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            st = await w.stubs[0].GetJob(party_pb2.GetJobRequest(job_id="j-meanwhile"))
+            assert st.state != party_pb2.JOB_STATE_QUEUED, st
+            assert st.state != party_pb2.JOB_STATE_RUNNING, st
+            assert st.error == "an upload it uses was withdrawn by its owner"
 
     _run(tmp_path, scenario)
 

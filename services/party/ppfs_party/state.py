@@ -65,6 +65,10 @@ class PartyState:
         stopped = await self.jobs.stop_using(
             covered, reason="an upload it uses was withdrawn by its owner")
         deleted = await self.store.withdraw(signed, w)
+        # and those accepted while the first ones stopped, before the uploads were gone
+        # (none can be accepted on them from now on)
+        stopped += await self.jobs.stop_using(
+            covered, reason="an upload it uses was withdrawn by its owner")
         self.audit.record("dataset.withdrawn", dataset_id=w.dataset_id, owner_id=w.owner_id,
                           uploads=len(deleted), jobs_stopped=len(stopped),
                           withdrawal_sha256=signed.digest)
