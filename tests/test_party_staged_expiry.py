@@ -12,7 +12,7 @@ import asyncio
 import datetime as dt
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from party_harness import (
 from ppfs_party.config import DEFAULT_STAGED_EXPIRY, PartySettings
 from ppfs_party.errors import UploadDecisionError, UploadReplayedError
 from ppfs_party.server import start_party_server
-from ppfs_party.store import ShareStore
+from ppfs_party.store import ShareStore, UploadHeader
 
 from ppfs.errors import ParameterError
 from ppfs.upload import SIGNED_AT_FORMAT, Repair, UploadRejected
@@ -333,3 +333,38 @@ def test_daemon_expires_on_start_and_while_it_runs(tmp_path: Path) -> None:
             await srv.stop(0)
 
     asyncio.run(scenario())
+
+
+def test_a_withdrawal_while_a_repair_arrives_keeps_the_part_out(party: StoreParty) -> None:
+    """The owner withdraws the data set while the repaired part of an upload this party
+    expired is still arriving: the withdrawal wins, the part is not stored (it would
+    otherwise outlive a withdrawal carried out before it was stored)."""
+    async def scenario() -> None:
+        store = party.store()
+        up = party.sealed("u1")
+        await put_part(store, up)
+        party.now = T0 + 2 * DAY
+        assert await store.expire_staged() == ["u1"]
+        go = asyncio.Event()
+
+        async def chunks() -> AsyncIterator[bytes]:
+            await go.wait()  # the withdrawal is carried out meanwhile
+            yield up.parts[0]
+
+        header = UploadHeader(up.dataset_id, up.upload_id, up.owner_id, up.manifest,
+                              up.signature, len(up.parts[0]), True,
+                              *_repair(party, up, at=party.now - 60))
+        arriving = asyncio.create_task(store.put(header, chunks()))
+        await asyncio.sleep(0.05)
+        w = Withdrawal(party.owner.owner_id, "ds",
+                       dt.datetime.fromtimestamp(party.now, dt.UTC).strftime(SIGNED_AT_FORMAT))
+        await store.withdraw(w.sign(party.owner.key), w)
+        go.set()
+        with pytest.raises(UploadRejected, match="withdrawn by its owner"):
+            await arriving
+        assert store.status("u1") == "aborted"
+        assert not (party.state / "staged" / "u1").exists()
+        assert party.store().status("u1") == "aborted"
+
+    asyncio.run(scenario())
+

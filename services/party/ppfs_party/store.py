@@ -851,8 +851,11 @@ class ShareStore:
                 )
             bundles = await asyncio.to_thread(self._open, sealed, manifest, scheme)
             self._check_dataset(manifest, frozenset(bundles))
-            async with self._lock:  # an abort that came first wins
+            async with self._lock:  # an abort or a withdrawal that came first wins
                 uid = manifest.upload_id
+                if any(w.covers(manifest) for w in self._withdrawals):
+                    raise UploadRejected(f"upload {uid!r} was withdrawn by its owner "
+                                         "while it arrived here")
                 if self._refused(uid):
                     self._check_revival(header, owner_key)
                 try:
