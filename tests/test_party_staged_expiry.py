@@ -32,7 +32,7 @@ from party_harness import (
     upload_messages,
 )
 from ppfs_party.config import DEFAULT_STAGED_EXPIRY, PartySettings
-from ppfs_party.errors import UploadDecisionError, UploadReplayedError
+from ppfs_party.errors import StorageError, UploadDecisionError, UploadReplayedError
 from ppfs_party.server import start_party_server
 from ppfs_party.store import ShareStore, UploadHeader
 
@@ -368,3 +368,37 @@ def test_a_withdrawal_while_a_repair_arrives_keeps_the_part_out(party: StorePart
 
     asyncio.run(scenario())
 
+
+@pytest.mark.parametrize("failing", ["_commit", "_lift_tombstone"])
+def test_a_repair_that_cannot_be_stored_leaves_the_id_refused(
+    party: StoreParty, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """The repaired part of an expired upload fails to be written (a full disk, or a
+    crash): its id stays refused without a repair, now and after a restart, so the
+    gateway cannot later stage the part again on a repair that has gone stale."""
+    async def scenario() -> None:
+        store = party.store()
+        up = party.sealed("u1")
+        await put_part(store, up)
+        party.now = T0 + 2 * DAY
+        assert await store.expire_staged() == ["u1"]
+
+        def disk_full(*args: object, **kwargs: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(store, failing, disk_full)
+        with pytest.raises(StorageError):
+            await put_part(store, up, repair=_repair(party, up, at=party.now - 60))
+        monkeypatch.undo()
+        party.now += 2 * HOUR  # the repair is stale now
+        for store_now in (store, party.store()):
+            assert store_now.status("u1") == "aborted"
+            assert not (party.state / "staged" / "u1").exists()
+            with pytest.raises(UploadRejected, match="expired here undecided"):
+                await put_part(store_now, up)
+            assert store_now.status("u1") == "aborted"
+        # a fresh repair still brings it back, staged
+        await put_part(store, up, repair=_repair(party, up, at=party.now - 60))
+        assert store.status("u1") == "staged"
+
+    asyncio.run(scenario())

@@ -662,8 +662,8 @@ class ShareStore:
 
     def _lift_tombstone(self, upload_id: str) -> None:
         """Delete the tombstone of a part this party expired, as its owner's repair sends
-        it again (the part is stored next; a crash between the two leaves the id free and
-        nothing staged, which a repair sends again)."""
+        it again (the part is stored first; a crash between the two leaves the id
+        refused, its staged part deleted on start, which a fresh repair sends again)."""
         (self.aborted_dir / upload_id).unlink(missing_ok=True)
         fsync_dir(self.aborted_dir)
 
@@ -859,15 +859,22 @@ class ShareStore:
                 if self._refused(uid):
                     self._check_revival(header, owner_key)
                 try:
-                    if uid in self._expired:
-                        await asyncio.to_thread(self._lift_tombstone, uid)
-                        self._aborted.discard(uid)
-                        self._expired.discard(uid)
-                        log.info("[Party.store] upload=%s: its part, expired here "
-                                 "undecided, is sent again (the owner's repair)", uid)
                     stored = await asyncio.to_thread(self._commit, header, manifest, bundles)
                 except OSError as exc:  # nothing of it kept (_commit clears its files)
                     raise storage_error(exc, "storing the upload part") from None
+                if uid in self._expired:
+                    # the part is on disk first, the tombstone lifted after: a failure or
+                    # a crash in between leaves the id refused (a staged part under a
+                    # tombstone is deleted on start), never free without a repair
+                    try:
+                        await asyncio.to_thread(self._lift_tombstone, uid)
+                    except OSError as exc:
+                        await asyncio.to_thread(self._discard, stored.directory)
+                        raise storage_error(exc, "storing the upload part") from None
+                    self._aborted.discard(uid)
+                    self._expired.discard(uid)
+                    log.info("[Party.store] upload=%s: its part, expired here "
+                             "undecided, is sent again (the owner's repair)", uid)
                 (self._staged if header.staged else self._uploads)[manifest.upload_id] = stored
             return stored
         finally:
