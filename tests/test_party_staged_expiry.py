@@ -402,3 +402,30 @@ def test_a_repair_that_cannot_be_stored_leaves_the_id_refused(
         assert store.status("u1") == "staged"
 
     asyncio.run(scenario())
+
+
+def test_a_repair_brings_a_part_back_once_where_parts_expire_within_the_hour(
+    party: StoreParty,
+) -> None:
+    """A party whose staged parts expire sooner than a repair stays fresh: the gateway
+    that keeps the owner's repair and lets the part it brought back expire again cannot
+    stage it once more with the same repair."""
+    async def scenario() -> None:
+        store = party.store(staged_expiry=0.25 * HOUR)
+        up = party.sealed("u1")
+        await put_part(store, up)
+        party.now = T0 + HOUR
+        assert await store.expire_staged() == ["u1"]
+        repair = _repair(party, up, at=party.now - 60)
+        await put_part(store, up, repair=repair)
+        assert store.status("u1") == "staged"
+        party.now += 0.25 * HOUR  # undecided again: expired again
+        assert await store.expire_staged() == ["u1"]
+        with pytest.raises(UploadRejected, match="expired here undecided"):
+            await put_part(store, up, repair=repair)
+        assert store.status("u1") == "aborted"
+        # a repair the owner signs now brings it back
+        await put_part(store, up, repair=_repair(party, up, at=party.now - 60))
+        assert store.status("u1") == "staged"
+
+    asyncio.run(scenario())

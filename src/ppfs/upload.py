@@ -163,8 +163,8 @@ def verify_manifest(blob: bytes, signature: bytes, owner_key: bytes) -> Manifest
 # -- an owner's repair of a part a party expired -------------------------------------
 
 REPAIR_PURPOSE = "ppfs upload repair v1"
-# how long a signed repair is taken: less than any staged part's expiry, so that a
-# gateway cannot keep one and stage the part again each time it expires
+# how long a signed repair is taken: an hour, or a party's staged expiry where that is
+# shorter, so that a gateway cannot keep one and stage the part again each time it expires
 REPAIR_FRESH = dt.timedelta(hours=1)
 REPAIR_SKEW = dt.timedelta(minutes=5)  # a signer's clock ahead of the party's
 MAX_REPAIR_BYTES = 1024
@@ -219,10 +219,12 @@ class Repair:
 
 
 def check_repair(statement: bytes, signature: bytes, owner_key: bytes, manifest: bytes,
-                 party: int, now: dt.datetime) -> Repair:
+                 party: int, now: dt.datetime, fresh: dt.timedelta = REPAIR_FRESH) -> Repair:
     """The repair that lets ``party`` store its part of the upload of ``manifest`` again:
-    signed by the owner's key, for this very upload, manifest and party, and fresh.
-    UploadRejected naming what is wrong otherwise."""
+    signed by the owner's key, for this very upload, manifest and party, and signed
+    within ``fresh`` (a party whose staged parts expire sooner passes its expiry, so a
+    repair cannot bring back a part that expired again). UploadRejected naming what is
+    wrong otherwise."""
     if not statement:
         raise UploadRejected("no repair signed by its owner came with it")
     try:
@@ -236,9 +238,10 @@ def check_repair(statement: bytes, signature: bytes, owner_key: bytes, manifest:
                 hashlib.sha256(manifest).hexdigest())):
         raise UploadRejected("its repair is for another upload, manifest or party")
     at = dt.datetime.strptime(r.signed_at, SIGNED_AT_FORMAT).replace(tzinfo=dt.UTC)
-    if not now - REPAIR_FRESH <= at <= now + REPAIR_SKEW:
+    if not now - fresh <= at <= now + REPAIR_SKEW:
+        window = (f"{fresh.total_seconds() / 3600:g} h" if fresh >= dt.timedelta(hours=1)
+                  else f"{fresh.total_seconds() / 60:g} min")
         raise UploadRejected(
-            f"its repair was signed at {r.signed_at}, not within the last "
-            f"{REPAIR_FRESH.seconds // 3600} h: the owner signs a new one "
-            "(`ppfs datasets repair`)")
+            f"its repair was signed at {r.signed_at}, not within the last {window}: the "
+            "owner signs a new one (`ppfs datasets repair`)")
     return r

@@ -39,8 +39,9 @@ modification time (written once, when the part was stored).
 An expired part was decided by no one: the gateway may have committed it at the other
 parties while this one was cut off. So its id, unlike an aborted one, takes the same
 part again with its owner's signed repair (ppfs.upload.Repair: this upload, manifest
-and party, signed within the hour; ``ppfs datasets repair`` signs it), staged anew and
-committed by the gateway; the gateway alone cannot bring it back. The gateway's own
+and party, signed within the hour, or within the staged expiry where that is shorter;
+``ppfs datasets repair`` signs it), staged anew and committed by the gateway; the
+gateway alone cannot bring it back. The gateway's own
 abort of it makes it an aborted id like any other, and an owner's withdrawal covers it
 as before.
 
@@ -92,6 +93,7 @@ from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import ParameterError, ShareFormatError
 from ppfs.sharing import Scheme, ShareBundle, check_bundle_file
 from ppfs.upload import (
+    REPAIR_FRESH,
     Manifest,
     UploadRejected,
     check_repair,
@@ -653,8 +655,11 @@ class ShareStore:
         if not self._expired_here(header.upload_id):
             raise UploadReplayedError("this upload was aborted (its id is refused)")
         try:
+            # never fresh for longer than a staged part lives here: a part brought back
+            # and left to expire again needs a new repair
+            fresh = min(REPAIR_FRESH, dt.timedelta(seconds=self.staged_expiry))
             check_repair(header.repair, header.repair_signature, owner_key, header.manifest,
-                         self.party, dt.datetime.fromtimestamp(self._clock(), dt.UTC))
+                         self.party, dt.datetime.fromtimestamp(self._clock(), dt.UTC), fresh)
         except UploadRejected as exc:
             raise UploadRejected(
                 f"upload {header.upload_id!r} expired here undecided, and {exc}: only its "
