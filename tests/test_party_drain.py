@@ -130,3 +130,55 @@ def test_the_drain_ends_at_its_time_or_at_a_second_stop(
 
     asyncio.run(main())
 
+
+
+def test_a_job_sent_while_the_party_stops_its_jobs_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stopped without a drain (--drain-seconds 0, or the drain's time over), the party
+    stops its unfinished jobs one by one; a job that arrives meanwhile is refused, not
+    accepted after the jobs to stop were counted and left running past the stop."""
+    _slow(monkeypatch, 30.0)
+
+    async def main() -> None:
+        dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
+        servers = [await start_party_server(s) for s in dep.settings]
+        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+        cluster = ProcessCluster(dep)
+        cluster.stubs = [party_pb2_grpc.PartyServiceStub(c) for c in channels]
+        try:
+            table = make_table(12, 3, seed=4)
+            _, _, shape = await cluster.upload(table, 1, "mask-1")
+            await cluster.send_mask()
+            rec = dep.owners["recipient"].box
+            desc = cluster.job("job-long", "mask-1", Security.PASSIVE_3PC, "mpyc", 1, rec)
+            for stub in cluster.stubs:
+                await stub.StartJob(start_requests(desc))
+            cluster.add_mask([i.box_public_key for i in await identities(cluster.stubs)],
+                             shape, "mask-2")
+            await cluster.send_mask()
+            late = cluster.job("job-late", "mask-2", Security.PASSIVE_3PC, "mpyc", 1, rec)
+            jobs = servers[0].state.jobs
+            real_cancel = jobs.cancel
+            refused: list[grpc.aio.AioRpcError] = []
+
+            async def cancel_as_a_job_arrives(job_id: str, **kwargs: Any) -> Any:
+                if job_id == "job-long":  # the stop is under way: a job arrives
+                    try:
+                        await cluster.stubs[0].StartJob(start_requests(late))
+                    except grpc.aio.AioRpcError as exc:
+                        refused.append(exc)
+                return await real_cancel(job_id, **kwargs)
+
+            monkeypatch.setattr(jobs, "cancel", cancel_as_a_job_arrives)
+            await servers[0].stop(0)
+            assert len(refused) == 1, "a job was accepted while the party stopped"
+            assert refused[0].code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert jobs.unfinished() == 0
+        finally:
+            for c in channels:
+                await c.close()
+            for srv in servers[1:]:
+                await srv.stop(0)
+
+    asyncio.run(main())

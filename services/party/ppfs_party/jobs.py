@@ -735,7 +735,9 @@ class JobRunner:
         return self.unfinished()
 
     async def shutdown(self) -> None:
-        """Stop every unfinished job (their engine processes are killed)."""
+        """Stop every unfinished job (their engine processes are killed), taking no
+        new one meanwhile (one accepted now would outlive the stop)."""
+        self.draining = True
         for job_id in list(self._tasks):
             await self.cancel(job_id, reason="party stopped")
 
