@@ -214,6 +214,11 @@ def test_only_the_owners_fresh_repair_brings_an_expired_part_back(party: StorePa
                 await put_part(store, up, repair=repair)
             assert "expired here undecided" in str(info.value), why
             assert store.status("u1") == "aborted", why
+        # the owner's repair, but the part sent to be committed at once: refused (a
+        # crash before its tombstone was lifted would leave it committed and unused)
+        with pytest.raises(UploadRejected, match="a repaired part is sent staged"):
+            await put_part(store, up, staged=False, repair=_repair(party, up))
+        assert store.status("u1") == "aborted"
         # the owner's repair, signed now: staged again, then committed by the gateway
         await put_part(store, up, repair=_repair(party, up, at=party.now - 60))
         assert store.status("u1") == "staged"

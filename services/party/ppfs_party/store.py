@@ -654,6 +654,11 @@ class ShareStore:
         (an aborted id) or UploadRejected (the repair does not hold) otherwise."""
         if not self._expired_here(header.upload_id):
             raise UploadReplayedError("this upload was aborted (its id is refused)")
+        if not header.staged:
+            # staged, like any part the gateway sends: a crash between storing it and
+            # lifting its tombstone then leaves a staged part, which the next start deletes
+            raise UploadRejected(f"upload {header.upload_id!r} expired here undecided: a "
+                                 "repaired part is sent staged, then committed")
         try:
             # never fresh for longer than a staged part lives here: a part brought back
             # and left to expire again needs a new repair
