@@ -55,8 +55,8 @@ def test_bad_input_exit_2(tmp_path, capsys, text, extra, message):
     "args, message",
     [
         (["--label", "nope", "--k", "1"], "label column 'nope' is not in the header"),
-        (["--label", "y", "--k", "0"], "1 <= k < p = 4"),
-        (["--label", "y", "--k", "4"], "1 <= k < p = 4"),
+        (["--label", "y", "--k", "0"], "good.csv: --k 0: k must be 1 .. 3 (the file has p = 4"),
+        (["--label", "y", "--k", "4"], "good.csv: --k 4: k must be 1 .. 3 (the file has p = 4"),
         (
             ["--label", "y", "--k", "1", "--engine", "mpyc", "--security", "active-3pc"],
             "mpyc does not support active-3pc",

@@ -241,6 +241,10 @@ def _select(args: argparse.Namespace, table: LabelledTable, source: str = "input
     reveal_reduced = not args.no_reduced
     # validates k, the shape and the training parameters
     scorer = Scorer(args.scorer)
+    if not 1 <= args.k < table.p:
+        raise ParameterError(
+            f"{source}: --k {args.k}: k must be 1 .. {table.p - 1} (the file has p = "
+            f"{table.p} feature columns besides the label {table.label_column!r})")
     Step2AShape(table.m, table.p, table.n_classes, args.k, fp.value_bits,
                 reveal_reduced=reveal_reduced, train=train, scorer=scorer)
     if args.out is not None and not reveal_reduced:
