@@ -345,11 +345,7 @@ def test_a_withdrawal_while_a_repair_arrives_keeps_the_part_out(party: StorePart
     expired is still arriving: the withdrawal wins, the part is not stored (it would
     otherwise outlive a withdrawal carried out before it was stored)."""
     async def scenario() -> None:
-        store = party.store()
-        up = party.sealed("u1")
-        await put_part(store, up)
-        party.now = T0 + 2 * DAY
-        assert await store.expire_staged() == ["u1"]
+        store, up = await _expired_part(party)
         go = asyncio.Event()
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -382,11 +378,7 @@ def test_a_repair_that_cannot_be_stored_leaves_the_id_refused(
     crash): its id stays refused without a repair, now and after a restart, so the
     gateway cannot later stage the part again on a repair that has gone stale."""
     async def scenario() -> None:
-        store = party.store()
-        up = party.sealed("u1")
-        await put_part(store, up)
-        party.now = T0 + 2 * DAY
-        assert await store.expire_staged() == ["u1"]
+        store, up = await _expired_part(party)
 
         def disk_full(*args: object, **kwargs: object) -> None:
             raise OSError(28, "No space left on device")
