@@ -583,6 +583,11 @@ def test_compose_end_to_end(deployment: tuple) -> None:
     time.sleep(2)
     assert svc.job(job_id)["state"] == "running", "the job ended before a party was stopped"
     t_stop = time.monotonic()
+    # stopped at once: a first SIGTERM would let its job end (the drain), a second stops
+    # it now, failing the job it runs and telling the gateway so; then the container stops
+    _run([*base, "kill", "-s", "SIGTERM", victim], env=env, timeout=60)
+    time.sleep(0.5)
+    _run([*base, "kill", "-s", "SIGTERM", victim], env=env, timeout=60)
     _run([*base, "stop", "-t", "5", victim], env=env, timeout=60)
     final = svc.wait(job_id, LOST_LIMIT + 10)
     took = time.monotonic() - t_stop
