@@ -58,9 +58,11 @@ import datetime as dt
 import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import shutil
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -233,6 +235,8 @@ class JobRunner:
         self.metrics: PartyMetrics | None = None  # told of every change of a job
         # set when the party stops: no new job is taken while the unfinished ones end
         self.draining = False
+        # time.monotonic() by which the unfinished jobs must have ended (drain)
+        self._drain_until: float | None = None
 
     # -------------------------------------------------------------- records
     def open(self) -> None:
@@ -720,18 +724,27 @@ class JobRunner:
         """How many jobs this party accepted have not ended (queued or running)."""
         return sum(1 for r in self._records.values() if not (r.final or r.tombstone))
 
+    def stop_seconds_left(self) -> int:
+        """While the party stops: the whole seconds its unfinished jobs have left to end
+        (0 once it stops them, or when it was stopped without a drain)."""
+        if self._drain_until is None:
+            return 0
+        return max(0, math.ceil(self._drain_until - time.monotonic()))
+
     async def drain(self, seconds: float, stop_now: asyncio.Event) -> int:
         """Take no new job and wait until every unfinished one has ended, ``seconds``
         have passed or ``stop_now`` is set; how many are left unfinished."""
         self.draining = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        while self.unfinished() and not stop_now.is_set():
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop_now.wait(), min(0.2, left))
+        self._drain_until = time.monotonic() + seconds
+        try:
+            while self.unfinished() and not stop_now.is_set():
+                left = self._drain_until - time.monotonic()
+                if left <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop_now.wait(), min(0.2, left))
+        finally:
+            self._drain_until = time.monotonic()  # what is left is stopped now
         return self.unfinished()
 
     async def shutdown(self) -> None:

@@ -49,6 +49,7 @@ class PartyState:
             key_statement_signature=signature, deployment_ca_pem=self.keys.public_pem("ca"),
             software_version=ppfs.__version__,
             engine_versions={n: engine_version(n, s) for n in self.engines},
+            stopping=self.jobs.draining, stop_seconds_left=self.jobs.stop_seconds_left(),
         )
 
     async def withdraw(self, signed: SignedWithdrawal) -> tuple[bytes, bytes]:

@@ -72,7 +72,7 @@ class GetIdentityRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PartyIdentity(_message.Message):
-    __slots__ = ("index", "name", "box_public_key", "signing_public_key", "tls_certificate_pem", "mpc_certificate_pem", "engines", "mpc_host", "mpc_port_base", "mpc_port_count", "key_statement", "key_statement_signature", "deployment_ca_pem", "software_version", "engine_versions")
+    __slots__ = ("index", "name", "box_public_key", "signing_public_key", "tls_certificate_pem", "mpc_certificate_pem", "engines", "mpc_host", "mpc_port_base", "mpc_port_count", "key_statement", "key_statement_signature", "deployment_ca_pem", "software_version", "engine_versions", "stopping", "stop_seconds_left")
     class EngineVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,8 @@ class PartyIdentity(_message.Message):
     DEPLOYMENT_CA_PEM_FIELD_NUMBER: _ClassVar[int]
     SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
+    STOP_SECONDS_LEFT_FIELD_NUMBER: _ClassVar[int]
     index: int
     name: str
     box_public_key: bytes
@@ -110,7 +112,9 @@ class PartyIdentity(_message.Message):
     deployment_ca_pem: bytes
     software_version: str
     engine_versions: _containers.ScalarMap[str, str]
-    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., box_public_key: _Optional[bytes] = ..., signing_public_key: _Optional[bytes] = ..., tls_certificate_pem: _Optional[bytes] = ..., mpc_certificate_pem: _Optional[bytes] = ..., engines: _Optional[_Iterable[str]] = ..., mpc_host: _Optional[str] = ..., mpc_port_base: _Optional[int] = ..., mpc_port_count: _Optional[int] = ..., key_statement: _Optional[bytes] = ..., key_statement_signature: _Optional[bytes] = ..., deployment_ca_pem: _Optional[bytes] = ..., software_version: _Optional[str] = ..., engine_versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    stopping: bool
+    stop_seconds_left: int
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., box_public_key: _Optional[bytes] = ..., signing_public_key: _Optional[bytes] = ..., tls_certificate_pem: _Optional[bytes] = ..., mpc_certificate_pem: _Optional[bytes] = ..., engines: _Optional[_Iterable[str]] = ..., mpc_host: _Optional[str] = ..., mpc_port_base: _Optional[int] = ..., mpc_port_count: _Optional[int] = ..., key_statement: _Optional[bytes] = ..., key_statement_signature: _Optional[bytes] = ..., deployment_ca_pem: _Optional[bytes] = ..., software_version: _Optional[str] = ..., engine_versions: _Optional[_Mapping[str, str]] = ..., stopping: _Optional[bool] = ..., stop_seconds_left: _Optional[int] = ...) -> None: ...
 
 class UploadPartHeader(_message.Message):
     __slots__ = ("dataset_id", "upload_id", "owner_id", "manifest", "manifest_signature", "sealed_size", "staged", "repair", "repair_signature")
