@@ -301,6 +301,73 @@ def test_handshake_cut_short_is_a_lost_peer_not_a_certificate() -> None:
     assert mpspdz._lost_peers(_CUT_SERVER) == [2]
 
 
+# What MP-SPDZ 0.4.2 printed, and nothing else, on a survivor when a peer (daemon and
+# engine) was killed outright in the middle of an active run: the survivor's own thread
+# was reading from or writing to the vanished peer inside an instruction. Captured from
+# real runs (active 3PC and 4PC); the program names are as they were.
+_CUT_IN_INSTRUCTION = (
+    b"Fatal error at step2a-active-3pc-5000-20-2-2-32-33-49-13-41-28-63-33-48-0-0-"
+    b"LTZ(20)_48-1:142 (ANDS): read_some: stream truncated\n",
+    b"Fatal error at step2a-active-3pc-5000-20-2-2-32-33-49-13-41-28-63-33-48-0-0-"
+    b"LTZ(20)_48-1:142 (ANDS): write_some: Broken pipe\n",
+    b"Fatal error at step2a-active-3pc-5000-20-2-2-32-33-49-13-41-28-63-33-48-0-0-0:93 "
+    b"(SHRSI): read_some: stream truncated\n",
+    b"Fatal error at step2a-active-4pc-3000-20-2-2-32-33-50-12-38-26-63-33-47-0-0-"
+    b"LTZ(3000)_29-25:1234 (REVEAL): read_some: stream truncated\n",
+)
+# a failure of the party's own inside an instruction: not a lost peer
+_OWN_IN_INSTRUCTION = (
+    b"Fatal error at step2a-passive-3pc-20-4-2-2-32-33-54-8-26-18-63-33-43-0-0-0:12 "
+    b"(INPUTB): not enough inputs in Player-Data/Input-Binary-P0-0\n",
+    b"Fatal error at step2a-active-3pc-20-4-2-2-32-33-54-8-26-18-63-33-43-0-0-0:40 "
+    b"(LDMS): Invalid memory file\n",
+)
+
+
+def test_a_peer_cut_off_inside_an_instruction_is_a_lost_peer() -> None:
+    # a killed peer (its container killed, `docker stop` shorter than its drain): every
+    # survivor reports a symptom, never a failure of its own (the gateway then finds
+    # the party that went away)
+    for stderr in _CUT_IN_INSTRUCTION:
+        assert mpspdz._lost_a_peer(stderr), stderr
+        reason = mpspdz._reason(stderr)
+        assert reason == " (a peer's connection was cut: that peer went away)", reason
+        assert "step2a" not in reason and "ANDS" not in reason
+    for stderr in _OWN_IN_INSTRUCTION:
+        assert not mpspdz._lost_a_peer(stderr), stderr
+
+
+def test_a_run_a_peer_was_cut_from_is_blamed_on_that_peer_not_the_survivor() -> None:
+    # the supervision of one party (a party daemon's run) raises a lost peer for it
+    import asyncio
+    from types import SimpleNamespace
+
+    from ppfs.errors import PeerLostError
+
+    class Proc:
+        pid = 0
+        returncode = 1
+
+        async def wait(self) -> int:
+            return 1
+
+    async def main() -> None:
+        async def nothing() -> None:
+            return None
+
+        party = SimpleNamespace(index=0, name="Alice", proc=Proc(), stopped_by_us=False,
+                                err=SimpleNamespace(kept=bytearray(_CUT_IN_INSTRUCTION[1])),
+                                out=SimpleNamespace(kept=bytearray()), ended=None,
+                                drains=asyncio.ensure_future(nothing()))
+        with pytest.raises(PeerLostError) as info:
+            await MpSpdzEngine(mpspdz_home())._supervise([party], 5.0)  # type: ignore[list-item]
+        assert str(info.value) == (
+            "MP-SPDZ party 0 (Alice) failed with exit code 1 (a peer's connection was cut: "
+            "that peer went away); its log is in its working directory")
+
+    asyncio.run(main())
+
+
 def test_handshake_refused_certificate_is_the_partys_own_failure() -> None:
     assert not mpspdz._lost_a_peer(_REJECTED)
     assert mpspdz._reason(_REJECTED) == (

@@ -1054,7 +1054,10 @@ def _handshake(stderr: bytes) -> tuple[int, bytes] | None:
     return int(m.group(1)), err.group(1) if err is not None else b""
 
 
-_FATAL = re.compile(rb"Fatal error: ([^\n]*)")
+# MP-SPDZ's report of the exception that stopped it: "Fatal error: <what>" from a thread,
+# "Fatal error at <program>:<pc> (<INSTRUCTION>): <what>" from the instruction that was
+# running (an active run's own thread reading from or writing to a peer that was killed)
+_FATAL = re.compile(rb"Fatal error(?: at \S+ \(\w+\))?: ([^\n]*)")
 
 
 def _lost_peers(stderr: bytes) -> list[int]:
@@ -1068,15 +1071,21 @@ def _lost_peers(stderr: bytes) -> list[int]:
 
 def _lost_a_peer(stderr: bytes) -> bool:
     """True when the party's own log says it stopped because a peer went away."""
-    fatal = _FATAL.search(stderr)
     return (bool(_lost_peers(stderr))
             or b"Fatal error in communication" in stderr
             # no peer came within the connect time-out: its job may never have started
             # there (a symptom here, named where it is: the gateway asks every party)
             or _NO_PEER_CONNECTED in stderr or _PEER_UNREACHABLE in stderr
-            # a peer gone between the handshake and the program ("read_some: stream
-            # truncated", "write_some: Broken pipe"), unnamed
-            or (fatal is not None and _gone(fatal.group(1))))
+            # a peer gone between the handshake and the program, or during it inside an
+            # instruction ("read_some: stream truncated", "write_some: Broken pipe"),
+            # unnamed
+            or _cut_off(stderr))
+
+
+def _cut_off(stderr: bytes) -> bool:
+    """True when the exception that stopped the party says a peer went away."""
+    fatal = _FATAL.search(stderr)
+    return fatal is not None and _gone(fatal.group(1))
 
 
 def _culprit(parties: Sequence[_Party], first: _Party) -> _Party:
@@ -1180,6 +1189,8 @@ def _reason(stderr: bytes) -> str:
     for needle, reason in _REASONS:
         if needle in stderr:
             return f" ({reason})"
+    if _cut_off(stderr):
+        return " (a peer's connection was cut: that peer went away)"
     return ""
 
 
