@@ -44,7 +44,7 @@ from ppfs_client.progress import (
     signature,
 )
 from ppfs_client.sdk import ApiError, GatewayClient, OwnerTable, RefusedAnswer
-from ppfs_client.terminal import printable
+from ppfs_client.terminal import inline, printable
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -379,7 +379,7 @@ def _upload(args: argparse.Namespace) -> int:
         ds["id"],
     )
     print(
-        f"uploaded {table.m} rows x {len(table.columns)} columns to data set {ds['id']} "
+        f"uploaded {table.m} rows x {len(table.columns)} columns to data set {inline(ds['id'])} "
         f"({ds['rows']} rows in total)",
         file=sys.stderr,
     )
@@ -417,7 +417,8 @@ def _describe_dataset(d: dict[str, Any]) -> str:
         f", label {d['label_column']!r} ({len(d['classes'])} classes)" if d["label_column"] else ""
     )
     return (
-        f"{d['id']}  {d['name']!r} owner {d['owner_id']}: {d['rows']} rows x "
+        f"{inline(d['id'])}  {d['name']!r} owner {inline(d['owner_id'])}: "
+        f"{inline(d['rows'])} rows x "
         f"{len(d['columns'])} columns{label}"
     )
 
@@ -434,7 +435,7 @@ def _datasets_list(args: argparse.Namespace) -> int:
 def _datasets_show(args: argparse.Namespace) -> int:
     with _client(args) as client:
         d = client.get_dataset(args.dataset_id)
-    _out(args, d, _describe_dataset(d) + "\ncolumns: " + ", ".join(d["columns"]))
+    _out(args, d, _describe_dataset(d) + "\ncolumns: " + ", ".join(map(inline, d["columns"])))
     return 0
 
 
@@ -442,12 +443,12 @@ def _datasets_show(args: argparse.Namespace) -> int:
 def _datasets_grant(args: argparse.Namespace) -> int:
     with _client(args) as client:
         g = client.grant(args.dataset_id, args.subject)
-    _out(args, g, f"granted {g['dataset_id']} to {g['subject']}")
+    _out(args, g, f"granted {inline(g['dataset_id'])} to {inline(g['subject'])}")
     return 0
 
 
 def _check_text(c: dict[str, Any]) -> str:
-    silent = [p["name"] for p in c["parties"] if not p["reachable"]]
+    silent = [inline(p["name"]) for p in c["parties"] if not p["reachable"]]
     if c["consistent"]:
         verdict = "every party holds exactly them"
     elif silent and all(p["consistent"] for p in c["parties"] if p["reachable"]):
@@ -456,15 +457,16 @@ def _check_text(c: dict[str, Any]) -> str:
                    "holds exactly them")
     else:
         verdict = ("INCONSISTENT (the owner of an upload a party lacks re-sends it: "
-                   f"`ppfs datasets repair {c['dataset_id']}`)")
-    lines = [f"data set {c['dataset_id']}: {len(c['recorded'])} uploads recorded, {verdict}"]
+                   f"`ppfs datasets repair {inline(c['dataset_id'])}`)")
+    lines = [f"data set {inline(c['dataset_id'])}: {len(c['recorded'])} uploads recorded, "
+             f"{verdict}"]
     for p in c["parties"]:
         if not p["reachable"]:
-            lines.append(f"  {p['name']}: unreachable ({p['error']})")
+            lines.append(f"  {inline(p['name'])}: unreachable ({inline(p['error'])})")
             continue
         held = sum(1 for h in p["held"] if h["status"] == "committed")
-        lines.append(f"  {p['name']}: holds {held} of {len(c['recorded'])}"
-                     + ("" if p["consistent"] else ": " + "; ".join(p["problems"])))
+        lines.append(f"  {inline(p['name'])}: holds {held} of {len(c['recorded'])}"
+                     + ("" if p["consistent"] else ": " + "; ".join(map(inline, p["problems"]))))
     return "\n".join(lines)
 
 
@@ -483,7 +485,7 @@ def _datasets_repair(args: argparse.Namespace) -> int:
         done = client.repair_dataset(keys, args.dataset_id)
         c = client.check_dataset(args.dataset_id)
     for upload_id, party in done:
-        print(f"re-sent upload {upload_id} to {party}", file=sys.stderr)
+        print(f"re-sent upload {inline(upload_id)} to {inline(party)}", file=sys.stderr)
     if not done:
         print("nothing of yours to repair", file=sys.stderr)
     _out(args, c, _check_text(c))
@@ -530,10 +532,10 @@ def _datasets_revoke(args: argparse.Namespace) -> int:
 
 def _unconfirmed(unconfirmed: Sequence[tuple[str, str]], risk: str, again: str) -> None:
     """Name each party whose receipt did not confirm, and what to run once it answers."""
-    for name, why in unconfirmed:
-        print(f"{name}: NOT confirmed: {why}", file=sys.stderr)
+    for name, why in unconfirmed:  # why: the party's own words, relayed by the gateway
+        print(f"{inline(name)}: NOT confirmed: {inline(why)}", file=sys.stderr)
     if unconfirmed:
-        names = ", ".join(n for n, _ in unconfirmed)
+        names = ", ".join(inline(n) for n, _ in unconfirmed)
         print(f"ppfs: {names} {risk}: run `{again}` again once reachable", file=sys.stderr)
 
 
@@ -556,8 +558,9 @@ def _datasets_consents(args: argparse.Namespace) -> int:
     for c in got:
         n = int(c.get("max_jobs", 0))
         lines.append(
-            f"  {c['owner_id']} -> {c['recipient']} (key {c['recipient_public_key'][:12]}...):"
-            f" {c['reveal']}; " + (f"until {c['expires_at']}" if c.get("expires_at")
+            f"  {inline(c['owner_id'])} -> {inline(c['recipient'])} "
+            f"(key {inline(c['recipient_public_key'][:12])}...): {inline(c['reveal'])}; "
+            + (f"until {inline(c['expires_at'])}" if c.get("expires_at")
                                   else "no expiry")
             + "; " + (f"at most {n} job{'s' if n > 1 else ''}" if n else "any number of jobs"))
     _out(args, got, "\n".join(lines))
@@ -595,11 +598,11 @@ def _datasets_consent(args: argparse.Namespace) -> int:
         c = client.consent(keys, args.dataset_id, args.recipient,
                            _public_key(args.recipient_key), reveal,
                            expires_at=args.expires or "", max_jobs=args.max_jobs)
-    until = f" until {c['expires_at']}" if c.get("expires_at") else ""
+    until = f" until {inline(c['expires_at'])}" if c.get("expires_at") else ""
     n = int(c.get("max_jobs", 0))
     jobs = f"{n} job{'s' if n > 1 else ''}" if n else "jobs"
-    _out(args, c, f"{c['owner_id']} lets {c['recipient']} learn the {c['reveal']} of {jobs} "
-         f"on {c['dataset_id']}{until}")
+    _out(args, c, f"{inline(c['owner_id'])} lets {inline(c['recipient'])} learn the "
+         f"{inline(c['reveal'])} of {jobs} on {inline(c['dataset_id'])}{until}")
     return 0
 
 
@@ -614,10 +617,10 @@ def _masks_create(args: argparse.Namespace) -> int:
 
 def _job_line(j: dict[str, Any]) -> str:
     parties = "  ".join(party_summary(p) for p in j["parties"])
-    err = f"\n  error: {j['error']}" if j["error"] else ""
+    err = f"\n  error: {inline(j['error'])}" if j["error"] else ""
     return (
-        f"{j['id']}  {j['state']}  k={j['k']} m={j['m']} p={j['p']} {j['security']} "
-        f"{j['engine']}\n  {parties}{err}"
+        f"{inline(j['id'])}  {inline(j['state'])}  k={inline(j['k'])} m={inline(j['m'])} "
+        f"p={inline(j['p'])} {inline(j['security'])} {inline(j['engine'])}\n  {parties}{err}"
     )
 
 
@@ -658,7 +661,8 @@ def _jobs_submit(args: argparse.Namespace) -> int:
         if not args.watch:
             _out(args, job, job["id"])
             return 0
-        print(f"job {job['id']} submitted ({args.security} on {engine})", file=sys.stderr)
+        print(f"job {inline(job['id'])} submitted ({args.security} on {inline(engine)})",
+              file=sys.stderr)
         return _watch(client, job["id"], args.json)
 
 
@@ -712,9 +716,10 @@ def _watch(client: GatewayClient, job_id: str, as_json: bool) -> int:
     if last is None or last["state"] not in FINAL_STATES:
         last = client.get_job(job_id)
     if view.printed != signature(last):  # the final state, unless just printed
-        print(json.dumps(last) if as_json else printable(change_line(last)))
+        print(json.dumps(last) if as_json else change_line(last))
     if last["state"] != "succeeded":
-        _err(f"job {job_id} {last['state']}: {last['error'] or 'no reason given'}")
+        _err(f"job {job_id} {inline(last['state'])}: "
+             f"{inline(last['error']) or 'no reason given'}")
         return EXIT_FAILED
     nxt = f"next: ppfs result fetch {job_id}"
     print(nxt, file=sys.stderr if as_json else sys.stdout)
@@ -786,7 +791,8 @@ def _deployment(args: argparse.Namespace) -> int:
         # one answer, every party's keys in it checked against the trust anchor
         dep, raw = client.deployment_answer()
     lines = [
-        f"{p['index']} {p['name']:6} mpc {p['mpc_address']}  engines {', '.join(p['engines'])}"
+        f"{inline(p['index'])} {inline(p['name']):6} mpc {inline(p['mpc_address'])}  "
+        f"engines {', '.join(map(inline, p['engines']))}"
         + (f"  keys certified until {info.keys_valid_until:%Y-%m-%d}"
            if info.keys_valid_until else "")
         for p, info in zip(raw["parties"], dep.parties, strict=True)
@@ -795,10 +801,11 @@ def _deployment(args: argparse.Namespace) -> int:
     for info in dep.parties:  # a party whose keys end soon is refused once they have
         if info.keys_valid_until and info.keys_valid_until - now <= RENEW_WITHIN:
             days = (info.keys_valid_until - now).days
-            print(f"ppfs: warning: {info.name}'s key certificate ends on "
+            print(f"ppfs: warning: {inline(info.name)}'s key certificate ends on "
                   f"{info.keys_valid_until:%Y-%m-%d %H:%M} UTC (in {days} day"
                   f"{'s' * (days != 1)}): uploads and results need it; ask the deployment's "
                   "operator to renew it (`ppfs pki sign`)", file=sys.stderr)
-    lines.append(f"scheme {raw['scheme']}; security settings {', '.join(raw['securities'])}")
+    lines.append(f"scheme {inline(raw['scheme'])}; security settings "
+                 f"{', '.join(map(inline, raw['securities']))}")
     _out(args, raw, "\n".join(lines))
     return 0

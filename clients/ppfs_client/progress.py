@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
-from ppfs_client.terminal import printable
+from ppfs_client.terminal import inline
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -22,14 +22,14 @@ def party_summary(p: dict[str, Any]) -> str:
     """One party, with what it does within an unfinished state unless that only repeats
     the state: "Alice: queued 1% (compiling)", "Bob: running 40% (ranking)"."""
     shown = p.get("phase") and p["state"] not in FINAL_STATES and p["phase"] != p["state"]
-    phase = f" ({p['phase']})" if shown else ""
-    return f"{p['name']}: {p['state']} {100 * p['progress']:.0f}%{phase}"
+    phase = f" ({inline(p['phase'])})" if shown else ""
+    return f"{inline(p['name'])}: {inline(p['state'])} {100 * p['progress']:.0f}%{phase}"
 
 
 def change_line(job: dict[str, Any]) -> str:
     """One line: the job's state and every party's state, progress and phase."""
     parties = "; ".join(party_summary(p) for p in job["parties"])
-    return f"{job['id']} {job['state']}: {parties}"
+    return f"{inline(job['id'])} {inline(job['state'])}: {parties}"
 
 
 def signature(job: dict[str, Any]) -> tuple[Any, ...]:
@@ -62,7 +62,7 @@ class JobProgressView:
             if sig == self.printed:
                 continue
             self.printed = sig
-            line = json.dumps(job) if self.as_json else printable(change_line(job))
+            line = json.dumps(job) if self.as_json else change_line(job)
             print(line, file=self.stream, flush=True)
         return last
 
@@ -79,7 +79,9 @@ class JobProgressView:
 
         last: dict[str, Any] | None = None
         with Progress(
-            TextColumn("{task.description:>6}"),
+            # what a party or the gateway wrote is shown as text, never read as rich
+            # markup (a hyperlink, a colour, or a stray closing tag that stops the watch)
+            TextColumn("{task.description:>6}", markup=False),
             BarColumn(bar_width=20),
             TextColumn("{task.percentage:>3.0f}%"),
             TimeElapsedColumn(),  # per party: from its start to its end
@@ -87,7 +89,7 @@ class JobProgressView:
             # weighted by their cost, so the pace holds roughly steady on MP-SPDZ)
             TimeRemainingColumn(compact=True),
             # the phase takes what width is left, cut short rather than squeezing the rest
-            TextColumn("{task.fields[phase]}",
+            TextColumn("{task.fields[phase]}", markup=False,
                        table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
             console=Console(file=self.stream),
             refresh_per_second=4,
@@ -99,14 +101,13 @@ class JobProgressView:
                 for p in job["parties"]:
                     i = p["index"]
                     if i not in tasks:
-                        tasks[i] = bar.add_task(p["name"], total=1.0, phase="", start=False)
+                        tasks[i] = bar.add_task(inline(p["name"]), total=1.0, phase="", start=False)
                     task = bar.tasks[[t.id for t in bar.tasks].index(tasks[i])]
                     if p["state"] not in ("queued", "pending", "") and task.start_time is None:
                         bar.start_task(tasks[i])
                     if p["state"] in FINAL_STATES and task.stop_time is None:
                         bar.stop_task(tasks[i])
-                    phase = printable(
-                        p["state"] + (f": {p['phase']}" if p.get("phase") else ""))
+                    phase = inline(p["state"] + (f": {p['phase']}" if p.get("phase") else ""))
                     bar.update(tasks[i], completed=p["progress"], phase=phase)
         return last
 
