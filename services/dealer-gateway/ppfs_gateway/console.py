@@ -40,7 +40,12 @@ _COMMON = (
 
 class SecurityHeaders:
     """Adds the security headers to every response: a strict CSP for the console and
-    the API (the OpenAPI document included), HSTS over HTTPS."""
+    the API (the OpenAPI document included), HSTS over HTTPS. API answers (job states,
+    schemas, sealed results, metrics, problem details) are never stored by a cache.
+
+    It is the outermost layer but the metrics', so the refusals made before the app
+    (``main.RequestGuard``: no token, a credential in the query string, a body too large)
+    carry the headers too: they echo the request's path."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -51,22 +56,25 @@ class SecurityHeaders:
             return
         path = str(scope.get("path", ""))
         csp: bytes | None = None
+        cache: bytes | None = None
         if path == "/console" or path.startswith("/console/"):
-            csp = CONSOLE_CSP.encode()
+            csp, cache = CONSOLE_CSP.encode(), b"no-cache"
         elif path.startswith("/v1/") or path in ("/metrics", "/healthz", "/openapi.json"):
-            csp = API_CSP.encode()
+            csp, cache = API_CSP.encode(), b"no-store"
         https = scope.get("scheme") == "https"
 
         async def add(msg: Message) -> None:
             if msg["type"] == "http.response.start":
+                # ours replace the app's (the event stream's "no-cache" becomes "no-store")
+                replaced = {b"x-frame-options"} | ({b"cache-control"} if cache else set())
                 headers = [
-                    (k, v) for k, v in msg.get("headers", []) if k.lower() != b"x-frame-options"
+                    (k, v) for k, v in msg.get("headers", []) if k.lower() not in replaced
                 ]
                 headers.extend(_COMMON)
                 if csp is not None:
                     headers.append((b"content-security-policy", csp))
-                if csp == CONSOLE_CSP.encode():
-                    headers.append((b"cache-control", b"no-cache"))
+                if cache is not None:
+                    headers.append((b"cache-control", cache))
                 if https:
                     headers.append((b"strict-transport-security", b"max-age=31536000"))
                 msg["headers"] = headers
@@ -76,7 +84,8 @@ class SecurityHeaders:
 
 
 def install_console(app: FastAPI) -> None:
-    """Serve the console at /console/ and put the security headers on every response."""
+    """Serve the console at /console/ (the app adds :class:`SecurityHeaders` itself,
+    outside its request guard)."""
 
     @app.get("/console", include_in_schema=False)
     def console_root() -> RedirectResponse:
@@ -84,4 +93,3 @@ def install_console(app: FastAPI) -> None:
         return RedirectResponse("console/", status_code=308)
 
     app.mount("/console", StaticFiles(directory=STATIC, html=True), name="console")
-    app.add_middleware(SecurityHeaders)

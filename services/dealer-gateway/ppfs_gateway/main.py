@@ -30,7 +30,7 @@ from ppfs_gateway.api.deps import GatewayResources
 from ppfs_gateway.api.routes import datasets, deployment, health, jobs, status
 from ppfs_gateway.api.schemas import problem_responses
 from ppfs_gateway.auth import TokenTable
-from ppfs_gateway.console import install_console
+from ppfs_gateway.console import SecurityHeaders, install_console
 from ppfs_gateway.core.config import Settings
 from ppfs_gateway.errors import Unauthenticated, classify, job_created, storage_error
 from ppfs_gateway.jobs import JobCoordinator
@@ -348,5 +348,6 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
         tokens=TokenTable(settings.tokens),
         spool_dir=settings.state_dir / "spool",
     )
+    app.add_middleware(SecurityHeaders)  # outside the guard: its refusals carry them too
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees every answer
     return app
