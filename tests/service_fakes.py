@@ -43,7 +43,7 @@ from ppfs.contract import (
 )
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.fixedpoint import FixedPoint
-from ppfs.keycert import TrustAnchor, certify_party_keys
+from ppfs.keycert import KEY_VALIDITY, TrustAnchor, certify_party_keys
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs.sharing import ShareBundle, components_from_bundles, reconstruct
 from ppfs.step2a import mask_values, mirror
@@ -91,16 +91,24 @@ class FakeParty(pb_grpc.PartyServiceServicer):
         self.jobs: dict[str, FakeJob] = {}
         self.tombstones: set[str] = set()
         self.received_headers: list[pb.UploadPartHeader] = []
+        # what GetIdentity states: the CA that certifies the keys (None: the deployment's),
+        # for how long, the index it reports, and a stop under way (as a SIGTERM'd party)
+        self.key_ca: CertificateAuthority | None = None
+        self.key_validity = KEY_VALIDITY
+        self.reported_index: int | None = None
+        self.stopping = False
+        self.stop_seconds_left = 0
 
     async def GetIdentity(self, request: Any, context: Any) -> pb.PartyIdentity:
-        ca = self.cluster.ca
+        ca = self.key_ca or self.cluster.ca
         statement, signature = certify_party_keys(
             ca.key, ca.cert, self.index, PARTY_NAMES[self.index], bytes(self.box.public_key),
-            bytes(self.signing.verify_key))
+            bytes(self.signing.verify_key), validity=self.key_validity)
         return pb.PartyIdentity(
+            stopping=self.stopping, stop_seconds_left=self.stop_seconds_left,
             key_statement=statement, key_statement_signature=signature,
-            deployment_ca_pem=ca.cert_pem(),
-            index=self.index,
+            deployment_ca_pem=self.cluster.ca.cert_pem(),
+            index=self.index if self.reported_index is None else self.reported_index,
             name=PARTY_NAMES[self.index],
             box_public_key=bytes(self.box.public_key),
             signing_public_key=bytes(self.signing.verify_key),
@@ -182,6 +190,9 @@ class FakeParty(pb_grpc.PartyServiceServicer):
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, "job exists")
         if request.job.job_id in self.tombstones:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "cancelled before start")
+        if self.stopping:  # as a party that was told to stop (ppfs_party PartyStoppingError)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"{PARTY_NAMES[self.index]} is stopping")
         if self.cluster.refuse_start == self.index:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "refusing on purpose")
         job = FakeJob(

@@ -790,6 +790,8 @@ def _deployment(args: argparse.Namespace) -> int:
     with _client(args) as client:
         # one answer, every party's keys in it checked against the trust anchor
         dep, raw = client.deployment_answer()
+        # and what each party does now (stopping, not answering): shown, never trusted
+        notes = [] if args.json else client.party_notes(len(dep.parties))
     lines = [
         f"{inline(p['index'])} {inline(p['name']):6} mpc {inline(p['mpc_address'])}  "
         f"engines {', '.join(map(inline, p['engines']))}"
@@ -797,6 +799,8 @@ def _deployment(args: argparse.Namespace) -> int:
            if info.keys_valid_until else "")
         for p, info in zip(raw["parties"], dep.parties, strict=True)
     ]
+    lines = [f"{line}  {note}" if note else line
+             for line, note in zip(lines, notes or [""] * len(lines), strict=True)]
     now = dt.datetime.now(dt.UTC)
     for info in dep.parties:  # a party whose keys end soon is refused once they have
         if info.keys_valid_until and info.keys_valid_until - now <= RENEW_WITHIN:

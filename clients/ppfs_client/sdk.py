@@ -452,6 +452,29 @@ class GatewayClient:
         raw = _as_object(self._call("GET", "/v1/deployment"), "GET /v1/deployment")
         return Deployment.from_json(raw, self.trust), raw
 
+    def party_notes(self, count: int) -> list[str]:
+        """What each of ``count`` parties does now that a user should know, as the
+        gateway's probe (GET /v1/deployment/status) says, in party order: "stopping"
+        (told to stop, it takes no new job until it is back), "not answering", or "".
+        For showing only (the gateway may say anything here; nothing is trusted on it,
+        and no text of its answer is shown). [] when the gateway does not say."""
+        try:
+            got = self._call("GET", "/v1/deployment/status")
+            parties = got["parties"]
+            if not isinstance(parties, list) or len(parties) != count:
+                return []
+            notes = []
+            for p in parties:
+                if p.get("stopping") is True:
+                    notes.append("stopping: it takes no new job until it is back")
+                elif p.get("reachable") is False:
+                    notes.append("not answering")
+                else:
+                    notes.append("")
+            return notes
+        except (ApiError, RefusedAnswer, KeyError, TypeError, AttributeError):
+            return []
+
     def create_dataset(
         self, name: str, kind: str = "data", owner_id: str | None = None
     ) -> dict[str, Any]:

@@ -72,6 +72,20 @@ class PartyUnavailable(GatewayError):
     type_slug = "party-unavailable"
 
 
+class PartyStopping(GatewayError):
+    """A party was told to stop (its identity says so): it takes no new job until it is
+    back. ``retry_after``: seconds until it has stopped at the latest (the Retry-After
+    header); when it is back depends on its operator."""
+
+    status = 503
+    title = "A computing party is stopping"
+    type_slug = "party-stopping"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class GatewayStorageError(GatewayError):
     """The gateway could not write its own state (registry or spooled body): its disk
     is full or a write failed. What the request would have changed is not kept."""

@@ -60,6 +60,7 @@ from ppfs_gateway.errors import (
     IncompatibleSchemas,
     InvalidRequest,
     NotFound,
+    PartyStopping,
     no_job_created,
 )
 from ppfs_gateway.parties import Parties, PartyClient
@@ -102,6 +103,10 @@ class JobPlan:
 BLAME_SECONDS = 10.0
 # A cancel is sent until the party acknowledges it, at most this often.
 CANCEL_ATTEMPTS = 5
+# A submission refused because a party is stopping says Retry-After: the seconds its
+# unfinished jobs have left (it has stopped by then; when it is back is its operator's
+# doing), and never less than this
+STOPPING_RETRY_AFTER = 30
 
 
 def _symptom(st: pb.JobStatus) -> bool:
@@ -339,7 +344,7 @@ class JobCoordinator:
             plan = plan_job(self.registry, who, spec, identities, "validate", validate_only=True)
         except ParameterError as exc:
             raise InvalidRequest(str(exc)) from None
-        await self.uploads.require_complete(list(spec.dataset_ids))
+        await self._require_ready(list(spec.dataset_ids))
         return plan
 
     async def submit(self, who: Principal, spec: JobSpec) -> JobRecord:
@@ -374,9 +379,9 @@ class JobCoordinator:
                             sequence=self.registry.count_jobs())
         except ParameterError as exc:
             raise InvalidRequest(str(exc)) from None
-        # every party holds exactly the uploads the job pins (a lost part is named here,
-        # before anything is stored)
-        await self.uploads.require_complete(list(spec.dataset_ids))
+        # every party takes jobs and holds exactly the uploads the job pins (a stopping
+        # party or a lost part is named here, before anything is stored)
+        await self._require_ready(list(spec.dataset_ids))
         blob, sha = plan.description.SerializeToString(deterministic=True), plan.sha256
         request = {
             "dataset_ids": list(spec.dataset_ids),
@@ -398,6 +403,36 @@ class JobCoordinator:
         }
         self.registry.create_job(job_id, who.subject, request, blob, sha, len(self.parties))
         return job_id
+
+    async def _require_ready(self, dataset_ids: list[str]) -> None:
+        """Before a job is recorded: every party holds the data sets
+        (:meth:`UploadKeeper.require_complete`) and none is stopping (its identity, asked
+        now, says so: it would refuse StartJob). Both asked at once, so that a frozen
+        party costs one call's wait; a stopping party is named first (PartyStopping,
+        503), as what to wait for. Availability only: each party refuses StartJob itself
+        while it stops."""
+        probed, complete = await asyncio.gather(
+            self.parties.probe(self.rpc_seconds),
+            self.uploads.require_complete(dataset_ids),
+            return_exceptions=True,
+        )
+        if isinstance(probed, list):
+            stopping = [(c, i) for c, i in zip(self.parties.clients, probed, strict=True)
+                        if i is not None and i.stopping]
+            if stopping:
+                names = " and ".join(c.name for c, _ in stopping)
+                left = max(i.stop_seconds_left for _, i in stopping)
+                within = f", at most {left} s more" if left else ""
+                raise PartyStopping(
+                    "; ".join(f"{c.name} is stopping" for c, _ in stopping)
+                    + f" (its operator stopped it: it takes no new job while its unfinished "
+                    f"ones end{within}): no job was submitted and nothing of it was stored; "
+                    f"submit again once {names} is back",
+                    retry_after=max(STOPPING_RETRY_AFTER, left))
+        elif isinstance(probed, BaseException):
+            raise probed
+        if isinstance(complete, BaseException):
+            raise complete
 
     def _spawn(self, job_id: str, resume: bool) -> None:
         task = asyncio.create_task(self._run(job_id, resume), name=f"job-{job_id}")

@@ -46,7 +46,8 @@ TYPE_BASE = "https://ppfs.dev/problems/"
 
 
 def problem(
-    status: int, title: str, detail: str, slug: str, instance: str, **extra: Any
+    status: int, title: str, detail: str, slug: str, instance: str,
+    headers: dict[str, str] | None = None, **extra: Any
 ) -> JSONResponse:
     body: dict[str, Any] = {
         "type": TYPE_BASE + slug,
@@ -56,7 +57,8 @@ def problem(
         "instance": instance,
         **extra,
     }
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
@@ -293,7 +295,7 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.include_router(health.router)
-    common = problem_responses(401, 403, 404, 409, 413, 422, 502, 507)
+    common = problem_responses(401, 403, 404, 409, 413, 422, 502, 503, 507)
     for module in (deployment, datasets, jobs, status):
         app.include_router(module.router, responses=common)
     metrics = app.state.metrics = GatewayMetrics()
@@ -306,9 +308,12 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
         detail = str(exc) if status < 500 else "Internal server error."
         if status >= 500:
             log.warning("[Gateway] %s %s -> %d %s", request.method, request.url.path, status, title)
-            if status in (502, 507):
+            if status in (502, 503, 507):
                 detail = str(exc)  # names the party, or the gateway's disk, nothing else
-        return problem(status, title, detail, slug, request.url.path, **_no_job(exc, slug))
+        retry = getattr(exc, "retry_after", None)
+        return problem(status, title, detail, slug, request.url.path,
+                       headers={"Retry-After": str(retry)} if retry is not None else None,
+                       **_no_job(exc, slug))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -18,9 +18,11 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
+from cryptography import x509
 from grpc import aio
 
 from ppfs.engines.base import PARTY_NAMES
+from ppfs.keycert import TrustAnchor, UntrustedPartyKey, ca_fingerprint, verify_party_keys
 from ppfs.v1 import party_pb2 as pb
 from ppfs.v1 import party_pb2_grpc as pb_grpc
 from ppfs_gateway.core.config import PartyEndpoint, Settings
@@ -48,6 +50,9 @@ WITHDRAW_EXTRA_SECONDS = 30.0
 # party does not answer): a party's renewed key statement reaches clients without a
 # gateway restart.
 IDENTITY_REFRESH_SECONDS = 60.0
+# A party that reported a stop is asked again this often (at most), so that it shows as
+# back soon after it is
+STOPPING_REFRESH_SECONDS = 5.0
 
 _REJECTED = {
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -250,16 +255,44 @@ class PartyClient:
             raise self._error(exc, "FetchResultPart", self.transfer_seconds) from None
 
 
-class Parties:
-    """All parties of the deployment, in party order, and their cached identities."""
+@dataclass
+class KnownIdentity:
+    """The identity the gateway serves for one party, and how its refreshes went."""
 
-    def __init__(self, clients: Sequence[PartyClient]) -> None:
+    identity: pb.PartyIdentity
+    fetched: float  # time.monotonic() it was fetched
+    tried: float  # time.monotonic() of the last attempt to refresh it
+    # why the last refresh did not replace it (did not answer, failed a check); "" when
+    # it did
+    problem: str = ""
+
+
+def deployment_anchors(ca_pem: bytes) -> list[TrustAnchor]:
+    """The deployment CA certificates the gateway holds (its ``tls.ca_cert``, perhaps a
+    bundle while the CA is replaced), each a trust anchor to check key statements with."""
+    try:
+        certs = x509.load_pem_x509_certificates(ca_pem)
+    except ValueError:
+        return []
+    return [TrustAnchor(ca_fingerprint(c), c) for c in certs]
+
+
+class Parties:
+    """All parties of the deployment, in party order, and their cached identities.
+
+    Each party's identity is fetched once, then again in the background once older than
+    :attr:`refresh_seconds`, every party on its own: one that does not answer keeps its
+    last good identity while the others' are renewed. A refreshed identity replaces the
+    cached one only if it passes every check (:meth:`observe`)."""
+
+    def __init__(self, clients: Sequence[PartyClient], ca_pem: bytes = b"") -> None:
         self.clients = list(clients)
-        self._identities: list[pb.PartyIdentity] | None = None
-        self._fetched = 0.0  # time.monotonic() of the cached identities
-        self._refresh: asyncio.Task[None] | None = None
+        self._known: list[KnownIdentity | None] = [None] * len(self.clients)
+        self._refresh: list[asyncio.Task[None] | None] = [None] * len(self.clients)
         self._lock = asyncio.Lock()
         self.refresh_seconds = IDENTITY_REFRESH_SECONDS
+        # what a key statement must be signed by for a refresh to be taken
+        self.anchors = deployment_anchors(ca_pem)
 
     @classmethod
     def connect(cls, settings: Settings) -> Parties:
@@ -275,45 +308,133 @@ class Parties:
                     settings.party_rpc_seconds, settings.party_transfer_seconds,
                 )
             )
-        return cls(clients)
+        return cls(clients, settings.tls.ca_cert.read_bytes())
 
     def __len__(self) -> int:
         return len(self.clients)
 
+    def known(self, index: int) -> KnownIdentity | None:
+        """What the gateway serves for party ``index`` (None: not fetched yet)."""
+        return self._known[index]
+
     async def identities(self) -> list[pb.PartyIdentity]:
-        """Every party's identity (fetched once, then cached and fetched again in the
-        background once older than :attr:`refresh_seconds`); checks party order."""
-        async with self._lock:
-            if self._identities is None:
-                self._identities = await self._fetch_identities()
-                self._fetched = time.monotonic()
-            elif (time.monotonic() - self._fetched > self.refresh_seconds
-                  and (self._refresh is None or self._refresh.done())):
-                self._refresh = asyncio.create_task(self._refresh_identities())
-            return self._identities
+        """Every party's identity (each fetched once, then cached and fetched again in
+        the background once older than :attr:`refresh_seconds`); checks party order.
+        A party never fetched yet is fetched now: its failure is raised (the others
+        fetched meanwhile are kept)."""
+        if any(k is None for k in self._known):
+            async with self._lock:
+                missing = [c for c in self.clients if self._known[c.index] is None]
+                got = await asyncio.gather(*(c.identity() for c in missing),
+                                           return_exceptions=True)
+                failed: BaseException | None = None
+                for c, ident in zip(missing, got, strict=True):
+                    if isinstance(ident, BaseException):
+                        failed = failed or ident
+                    elif ident.index != c.index:
+                        failed = failed or PartyRejected(
+                            f"the party configured as {c.name} reports index {ident.index}")
+                    else:
+                        now = time.monotonic()
+                        self._known[c.index] = KnownIdentity(ident, now, now)
+                if failed is not None:
+                    raise failed
+        now = time.monotonic()
+        out = []
+        for c in self.clients:
+            k = self._known[c.index]
+            assert k is not None
+            # a stopping party is looked at again soon: its stop shows until it is back
+            every = min(self.refresh_seconds, STOPPING_REFRESH_SECONDS) \
+                if k.identity.stopping else self.refresh_seconds
+            task = self._refresh[c.index]
+            if now - k.tried > every and (task is None or task.done()):
+                k.tried = now
+                self._refresh[c.index] = asyncio.create_task(self._refresh_one(c))
+            out.append(k.identity)
+        return out
 
-    async def _fetch_identities(self) -> list[pb.PartyIdentity]:
-        got = await asyncio.gather(*(c.identity() for c in self.clients))
-        for c, ident in zip(self.clients, got, strict=True):
-            if ident.index != c.index:
-                raise PartyRejected(
-                    f"the party configured as {c.name} reports index {ident.index}"
-                )
-        return list(got)
-
-    async def _refresh_identities(self) -> None:
+    async def _refresh_one(self, c: PartyClient) -> None:
         try:
-            got = await self._fetch_identities()
-        except Exception as exc:  # a party away: the cached identities stay
-            log.info("[Gateway.Parties] identities not refreshed: %s", type(exc).__name__)
-            self._fetched = time.monotonic()
+            ident = await c.identity()
+        except Exception as exc:  # a party away: its cached identity stays
+            self.unanswered(c.index, str(exc))
             return
-        async with self._lock:
-            self._identities, self._fetched = got, time.monotonic()
+        self.observe(c.index, ident)
+
+    def unanswered(self, index: int, why: str) -> None:
+        """Party ``index`` did not answer a refresh: its cached identity stays."""
+        k = self._known[index]
+        if k is not None:
+            if not k.problem:
+                log.info("[Gateway.Parties] %s's identity not refreshed: %s", _name(index),
+                         why[:_MAX_DETAIL])
+            k.problem = why[:_MAX_DETAIL]
+
+    def check(self, index: int, ident: pb.PartyIdentity) -> str:
+        """Why ``ident``, as party ``index`` reported it now, may not replace its cached
+        identity ("" if it may): it reports another index or name, or its keys are not
+        certified now by the deployment CA the gateway holds (the check a client makes,
+        :func:`ppfs.keycert.verify_party_keys`; never the relayed CA)."""
+        if ident.index != index:
+            return f"reports index {ident.index}"
+        k = self._known[index]
+        if k is not None and ident.name != k.identity.name:
+            return f"reports the name {ident.name!r}, not {k.identity.name!r}"
+        why = ""
+        for anchor in self.anchors:
+            try:
+                verify_party_keys(
+                    anchor, index=ident.index, name=ident.name,
+                    box_public_key=ident.box_public_key,
+                    signing_public_key=ident.signing_public_key,
+                    statement=ident.key_statement, signature=ident.key_statement_signature)
+            except UntrustedPartyKey as exc:
+                why = why or str(exc)
+                continue
+            return ""
+        return why
+
+    def observe(self, index: int, ident: pb.PartyIdentity) -> str:
+        """Take ``ident``, just reported by party ``index``, as its identity if it passes
+        every check (:meth:`check`); otherwise keep the cached one and note why. The
+        reason it was not taken, or ""."""
+        now = time.monotonic()
+        k = self._known[index]
+        if k is None:  # first sight: as a first fetch, which clients check themselves
+            if ident.index != index:
+                return f"reports index {ident.index}"
+            self._known[index] = KnownIdentity(ident, now, now)
+            return ""
+        why = self.check(index, ident)
+        if why:
+            problem = f"the identity it reports now is not served: {why}"[:_MAX_DETAIL]
+            if problem != k.problem:
+                log.warning("[Gateway.Parties] %s: %s", _name(index), problem)
+            k.problem = problem
+            return why
+        k.identity, k.fetched, k.problem = ident, now, ""
+        return ""
+
+    async def probe(self, seconds: float) -> list[pb.PartyIdentity | None]:
+        """Every party's identity asked now (each call at most ``seconds``), None for one
+        that did not answer; each answer is also taken as the party's identity if it
+        passes every check (:meth:`observe`)."""
+        async def one(c: PartyClient) -> pb.PartyIdentity | None:
+            try:
+                ident = await c.stub.GetIdentity(pb.GetIdentityRequest(), timeout=seconds)
+            except aio.AioRpcError as exc:
+                self.unanswered(c.index, f"did not answer ({exc.code().name.lower()})")
+                return None
+            self.observe(c.index, ident)
+            return ident
+
+        return list(await asyncio.gather(*(one(c) for c in self.clients)))
 
     async def close(self) -> None:
-        if self._refresh is not None:
-            self._refresh.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._refresh
+        for task in self._refresh:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         await asyncio.gather(*(c.channel.close() for c in self.clients))

@@ -352,6 +352,8 @@ def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         413: "request body too large",
         422: "invalid request, malformed upload or incompatible schemas",
         502: "a party did not answer",
+        503: "a party is stopping and takes no new job (Retry-After: seconds until it has "
+             "stopped at the latest)",
         507: "the gateway's disk is full or a write of its state failed (nothing kept)",
     }
     schema = ProblemOut.model_json_schema()

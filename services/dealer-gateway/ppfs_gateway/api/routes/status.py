@@ -16,6 +16,7 @@ import datetime as dt
 import hashlib
 import time
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -30,7 +31,7 @@ from ppfs.step2a import Security
 from ppfs.v1 import party_pb2 as pb
 from ppfs_gateway.api.deps import PartiesDep, PrincipalDep, ResourcesDep
 from ppfs_gateway.core.config import Settings
-from ppfs_gateway.parties import PartyClient
+from ppfs_gateway.parties import Parties, PartyClient
 
 router = APIRouter(tags=["deployment"])
 
@@ -66,6 +67,13 @@ class PartyStatusOut(BaseModel):
     # when the first of its certificates and key statement ends (ISO 8601, UTC)
     certificates_end: str | None = None
     warnings: list[str] = []
+    # told to stop: it takes no new job while its unfinished ones end
+    stopping: bool = False
+    # how old the identity is that the gateway serves clients (GET /v1/deployment), in
+    # seconds (None: none fetched yet), and why its last refresh did not replace it (the
+    # party did not answer, or what it reports now failed a check; "" if it did)
+    identity_age_seconds: float | None = None
+    identity_problem: str = ""
 
 
 class DeploymentStatusOut(BaseModel):
@@ -155,21 +163,39 @@ def gateway_warnings(settings: Settings, now: dt.datetime | None = None) -> list
     return out
 
 
-async def _probe(c: PartyClient) -> PartyStatusOut:
+def _served(parties: Parties, c: PartyClient) -> dict[str, Any]:
+    """What the gateway serves for the party: the fields of PartyStatusOut on it."""
+    k = parties.known(c.index)
+    if k is None:
+        return {}
+    return {"identity_age_seconds": round(time.monotonic() - k.fetched, 1),
+            "identity_problem": k.problem}
+
+
+async def _probe(parties: Parties, c: PartyClient) -> PartyStatusOut:
     start = time.perf_counter()
     try:
         ident = await c.stub.GetIdentity(pb.GetIdentityRequest(), timeout=PROBE_SECONDS)
     except aio.AioRpcError as exc:
+        parties.unanswered(c.index, f"{c.name} did not answer GetIdentity "
+                                    f"({exc.code().name.lower()})")
         return PartyStatusOut(
             index=c.index, name=c.name, reachable=False, latency_ms=None,
             problem=f"did not answer ({exc.code().name.lower()})", engines=[],
             software_version="", engine_versions={}, mpc_address="", fingerprints=None,
+            **_served(parties, c),
         )  # fmt: skip
     ms = (time.perf_counter() - start) * 1000
+    parties.observe(c.index, ident)  # a renewal is served from now on, if it checks out
     tls = _cert_fingerprints(ident.tls_certificate_pem)
     lives = _party_lifetimes(ident)
     soon, ended = _warnings(lives, dt.datetime.now(dt.UTC))
     problem = f"reports index {ident.index}" if ident.index != c.index else ended
+    if ident.stopping:
+        left = (f", at most {ident.stop_seconds_left} s more" if ident.stop_seconds_left
+                else "")
+        problem = "; ".join(x for x in (problem, (
+            "stopping: it takes no new job while its unfinished ones end" + left)) if x)
     return PartyStatusOut(
         index=c.index,
         name=ident.name or c.name,
@@ -189,6 +215,8 @@ async def _probe(c: PartyClient) -> PartyStatusOut:
         certificates_end=(min(x.not_after for x in lives).strftime("%Y-%m-%dT%H:%M:%SZ")
                           if lives else None),
         warnings=soon,
+        stopping=ident.stopping,
+        **_served(parties, c),
     )
 
 
@@ -198,15 +226,19 @@ async def get_deployment_status(
 ) -> DeploymentStatusOut:
     """Every party probed now: reachable, latency, engines and versions, key
     fingerprints, certificates' ends."""
-    found = await asyncio.gather(*(_probe(c) for c in parties.clients))
+    found = await asyncio.gather(*(_probe(parties, c) for c in parties.clients))
     n = len(found)
+    # a party whose served identity is not the one it reports now (or could not report)
+    stale = [f"the gateway serves {p.name}'s identity as fetched {p.identity_age_seconds:g} s "
+             f"ago: {p.identity_problem}" for p in found
+             if p.identity_problem and p.identity_age_seconds is not None]
     return DeploymentStatusOut(
         gateway_version=ppfs.__version__,
         healthy=all(p.reachable and not p.problem for p in found),
         scheme="rep3" if n == 3 else "rep4",
         securities=[s.value for s in Security if s.parties == n],
         parties=list(found),
-        warnings=await asyncio.to_thread(gateway_warnings, res.settings),
+        warnings=[*await asyncio.to_thread(gateway_warnings, res.settings), *stale],
     )
 
 
