@@ -1,6 +1,7 @@
 // ppfs console: a client of the gateway's REST API. No dependencies, no build step.
 // The bearer token lives in sessionStorage and travels only in the Authorization header.
-// Every piece of text from the API is inserted with textContent, never as HTML.
+// Every piece of text from the API is inserted with textContent, never as HTML, and with
+// its control, bidi-formatting and separator characters written as escapes (shown()).
 "use strict";
 
 (() => {
@@ -12,18 +13,31 @@
   // ---------------------------------------------------------------- helpers
   const $ = (id) => document.getElementById(id);
 
+  // Control, format (bidi overrides, zero-width), surrogate, private-use, unassigned, line
+  // and paragraph separator characters, as the CLI escapes them (ppfs_client.terminal):
+  // the gateway refuses them in names, but a party's phase and error are relayed as it
+  // wrote them, and one could reorder or hide what the console writes next to them.
+  const HIDDEN = /[\p{Cc}\p{Cf}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}]/gu;
+  const hex = (n, width) => n.toString(16).padStart(width, "0");
+  const escaped = (ch) => {
+    if (ch === "\n" || ch === "\t") return ch;
+    const n = ch.codePointAt(0);
+    return n < 0x100 ? `\\x${hex(n, 2)}` : n < 0x10000 ? `\\u${hex(n, 4)}` : `\\U${hex(n, 8)}`;
+  };
+  const shown = (text) => String(text).replace(HIDDEN, escaped);
+
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
       if (v === null || v === undefined || v === false) continue;
       if (k === "class") node.className = v;
-      else if (k === "text") node.textContent = v;
+      else if (k === "text") node.textContent = shown(v);
       else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
       else node.setAttribute(k, v === true ? "" : String(v));
     }
     for (const c of children.flat(Infinity)) {
       if (c === null || c === undefined || c === false) continue;
-      node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+      node.append(c instanceof Node ? c : document.createTextNode(shown(c)));
     }
     return node;
   }

@@ -1,0 +1,104 @@
+"""The console shows what a party writes (its phase, its error, and the job's reason
+built from it) as inert text: no markup is read from it (everything goes in as text,
+never as HTML), and no bidirectional override, zero-width or control character in it
+can reorder or hide what the console writes next to it ("reported by Carol").
+
+The gateway refuses such characters in the names people give (data sets, columns,
+labels, classes); a party's status texts are relayed as the party wrote them."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from service_fakes import Stack, horizontal_setup, make_stack
+
+from ppfs.v1 import party_pb2 as pb
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+# reverses what follows it; a zero-width space; a line separator; markup
+PHASE = "ranking\u202e \u200bdone<img src=x onerror=alert(1)>\u2028"
+# the input checks failed, says Carol, and she would have "reported by Carol" unreadable
+ERROR = "Bob altered its share\u202e"
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,900"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[Stack]:
+    s = make_stack(tmp_path)
+    s.cluster.hold = True  # the parties run the job until released
+    try:
+        yield s
+    finally:
+        s.loop.loop.call_soon_threadsafe(s.cluster.release.set)
+        s.close()
+
+
+def test_a_partys_texts_show_inert_in_the_console(held: Stack, browser) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    s, d = held, browser
+    _, ids, _ = horizontal_setup(s, m=20, p=4)
+    analyst = s.client("analyst-1")
+    job = analyst.submit(s.keys["analyst-1"], ids, label="label", k=2)
+    deadline = time.monotonic() + 10
+    while analyst.get_job(job["id"])["state"] != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+    async def corrupt() -> None:  # Carol fails, with a hostile phase and reason
+        s.cluster.parties[2].set(job["id"], state=pb.JOB_STATE_FAILED, phase=PHASE,
+                                 error=ERROR, failure=pb.FAILURE_KIND_INTEGRITY)
+
+    s.loop.run(corrupt())
+    deadline = time.monotonic() + 30
+    while (got := analyst.get_job(job["id"]))["state"] != "failed":
+        assert time.monotonic() < deadline, got
+        time.sleep(0.05)
+    assert ERROR in got["error"] and got["error"].index(ERROR) < got["error"].index("Carol")
+
+    wait = WebDriverWait(d, 30)
+    d.get(s.gateway.url + "/console/")
+    wait.until(ec.visibility_of_element_located((By.ID, "token")))
+    d.find_element(By.ID, "token").send_keys(s.token["analyst-1"])
+    d.find_element(By.ID, "signin-button").click()
+    wait.until(ec.visibility_of_element_located((By.ID, "nav")))
+    d.get(s.gateway.url + f"/console/#/jobs/{job['id']}")
+    d.refresh()
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".bar-row[data-party=Carol]")))
+
+    def text(css: str) -> str:
+        return str(d.find_element(By.CSS_SELECTOR, css).get_attribute("textContent"))
+
+    phase = text(".bar-row[data-party=Carol] .bar-phase")
+    assert phase == "ranking\\u202e \\u200bdone<img src=x onerror=alert(1)>\\u2028", phase
+    assert d.find_elements(By.CSS_SELECTOR, "#view img") == []  # no markup read from it
+    reason = text(".job-head .error")
+    assert "Bob altered its share\\u202e (reported by Carol" in reason, reason
+    assert text(".bar-row[data-party=Carol] .error") == "Bob altered its share\\u202e"
