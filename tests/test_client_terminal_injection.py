@@ -96,3 +96,21 @@ def test_a_partys_reason_for_no_receipt_is_inert(capsys: pytest.CaptureFixture[s
     assert out == "" and not ANSI.search(err), err
     lines = err.splitlines()
     assert len(lines) == 2 and lines[0].startswith("Bob: NOT confirmed: out of memory"), lines
+
+
+def test_a_refusal_relaying_a_partys_words_is_one_error_line(
+    clean_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the gateway names the party and relays its words (PartyRejected): they may be a lie
+    detail = "Bob refused StartJob: bad k\nppfs: note: job j-forged submitted\x1b[2K"
+    body = json.dumps({"type": "https://ppfs.dev/problems/party-rejected", "status": 422,
+                       "title": "A party refused", "detail": detail, "instance": "/v1/jobs"})
+    gw = Server(answer(422, body.encode(), "application/problem+json"))
+    try:
+        assert main(["jobs", "list", "--gateway", gw.url]) == 2
+    finally:
+        gw.close()
+    out, err = capsys.readouterr()
+    assert out == "" and not ANSI.search(err), err
+    (line,) = err.splitlines()
+    assert line.startswith("ppfs: error: A party refused (422): Bob refused StartJob: bad k\\n")

@@ -299,8 +299,8 @@ def _guard(fn: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
             return int(fn(args))
-        except ApiError as exc:
-            _err(str(exc))
+        except ApiError as exc:  # its detail may relay a party's words: kept to one line
+            _err(inline(str(exc)))
             return EXIT_USAGE if 400 <= exc.status < 500 else EXIT_FAILED
         except (InputDataError, ParameterError) as exc:
             _err(str(exc))
