@@ -360,7 +360,7 @@ def test_a_run_a_peer_was_cut_from_is_blamed_on_that_peer_not_the_survivor() -> 
                                 out=SimpleNamespace(kept=bytearray()), ended=None,
                                 drains=asyncio.ensure_future(nothing()))
         with pytest.raises(PeerLostError) as info:
-            await MpSpdzEngine(mpspdz_home())._supervise([party], 5.0)  # type: ignore[list-item]
+            await MpSpdzEngine(mpspdz_home())._supervise([party], 5.0)
         assert str(info.value) == (
             "MP-SPDZ party 0 (Alice) failed with exit code 1 (a peer's connection was cut: "
             "that peer went away); its log is in its working directory")

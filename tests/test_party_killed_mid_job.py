@@ -1,0 +1,156 @@
+"""A party killed outright in the middle of a job's secure computation (SIGKILL of its
+daemon and its MP-SPDZ engine at once, as `docker kill` does, or a `docker stop` whose
+grace is shorter than the party's drain) is the one the job's failure names, never a
+survivor: each survivor's engine stops because its peer vanished, and reports that as
+a symptom (peer_lost), whatever MP-SPDZ printed when the connection was cut; the gateway
+then finds the party it cannot reach.
+
+The parties are real daemons (``python -m ppfs_party serve``), each its own process, so
+that one can be killed alone; the gateway runs with its default of 60 s before a silent
+party is declared lost, so that a failure named within seconds comes from the
+survivors' reports, not from that silence."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from party_harness import spawn_party
+from service_fakes import RealCluster, Stack, horizontal_setup, make_stack, wait_final
+
+from ppfs.engines.mpspdz import MpSpdzEngine
+from ppfs.engines.registry import mpspdz_home
+
+_reason = MpSpdzEngine(mpspdz_home()).unavailable_reason()
+pytestmark = pytest.mark.skipif(_reason is not None,
+                                reason=f"MP-SPDZ not available: {_reason}")
+
+NAMES = ("Alice", "Bob", "Carol")
+# the job must fail naming the killed party this soon after the kill: the survivors'
+# engines stop at once, and the gateway's look for the cause takes seconds (a silent
+# party would be declared lost only after 60 s)
+BOUND = 30.0
+# how far the victim's job is (its progress as the gateway shows it) when it is killed:
+# its program has reached the mean-split thresholds, the bulk of the computation
+INTO_THE_RUN = 0.2
+
+
+@dataclass
+class Daemon:
+    proc: Any  # asyncio.subprocess.Process
+    port: int
+
+
+class DaemonCluster(RealCluster):
+    """The party daemons as processes of their own, so that one can be killed alone."""
+
+    async def start(self) -> None:
+        self.servers = []
+        for s in self.dep.settings:
+            proc, port = await spawn_party(s, self.root / f"party{s.index}.log")
+            self.servers.append(Daemon(proc, port))
+
+    async def stop(self) -> None:
+        for d in self.servers:
+            if d.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    d.proc.terminate()
+                await d.proc.wait()
+        self.servers = []
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def _descendants(pid: int) -> list[int]:
+    kids, found, todo = _children(), [], [pid]
+    while todo:
+        for child in kids.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _has_engine(daemon_pid: int) -> bool:
+    """True while the daemon's MP-SPDZ party process runs."""
+    for pid in _descendants(daemon_pid):
+        with contextlib.suppress(OSError):
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            if argv0.endswith(b"-party.x"):  # not its launcher, which names it too
+                return True
+    return False
+
+
+def _kill_party(daemon_pid: int) -> None:
+    """SIGKILL the daemon and everything it started, all at once (a killed container)."""
+    for pid in [daemon_pid, *_descendants(daemon_pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mpspdz-cache")  # one compile for every case
+
+
+@pytest.fixture
+def stack(tmp_path: Path, cache: Path) -> Iterator[Stack]:
+    s = make_stack(tmp_path, cluster=DaemonCluster(3, tmp_path, engines=("mp-spdz",),
+                                                   mpspdz_cache=cache))
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("victim", [0, 1, 2], ids=NAMES)
+def test_a_party_killed_mid_job_is_named_never_a_survivor(stack: Stack, victim: int) -> None:
+    s = stack
+    _, ids, _ = horizontal_setup(s, m=16000, p=16)
+    box = s.keys["analyst-1"].box_public_key
+    for owner, ds in zip(("owner-a", "owner-b"), ids, strict=True):
+        s.client(owner).consent(s.keys[owner], ds, "analyst-1", box)
+    analyst = s.client("analyst-1")
+    job = analyst.submit(s.keys["analyst-1"], ids, label="label", k=2, engine="mp-spdz",
+                         security="active-3pc")
+    server = s.cluster.servers[victim]
+    assert server is not None
+    daemon = server.proc
+    deadline = time.monotonic() + 120  # the first case compiles the program
+    while True:
+        now = analyst.get_job(job["id"])
+        assert now["state"] in ("queued", "running"), (
+            "the run ended before the kill: make the job larger", now)
+        # the victim's program reports its stages as it reaches them: past its
+        # connections, its inputs and their checks, into the computation's bulk
+        if now["parties"][victim]["progress"] >= INTO_THE_RUN and _has_engine(daemon.pid):
+            break
+        assert time.monotonic() < deadline, now
+        time.sleep(0.01)
+    _kill_party(daemon.pid)
+    t0 = time.monotonic()
+    done = wait_final(analyst, job["id"], timeout=BOUND)
+    took = time.monotonic() - t0
+    print(f"failed {took:.1f} s after the kill: {done['error']}; parties: "
+          f"{[(p['state'], p['failure_kind'], p['error']) for p in done['parties']]}")
+    assert done["state"] == "failed", done
+    assert done["error"] == f"lost the connection to {NAMES[victim]}", done
+    # each survivor reported the run's end as a symptom of a lost peer, not its own fault
+    for i, party in enumerate(done["parties"]):
+        if i != victim and party["state"] == "failed":
+            assert party["failure_kind"] == "peer_lost", (NAMES[i], party)
+    assert took < BOUND
