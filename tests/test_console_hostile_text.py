@@ -102,3 +102,34 @@ def test_a_partys_texts_show_inert_in_the_console(held: Stack, browser) -> None:
     reason = text(".job-head .error")
     assert "Bob altered its share\\u202e (reported by Carol" in reason, reason
     assert text(".bar-row[data-party=Carol] .error") == "Bob altered its share\\u202e"
+
+
+def test_a_party_cannot_show_itself_under_another_partys_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deployment status names each party as the gateway is configured (its index
+    is the party's place); a party that reports another name is shown under its own,
+    with the name it claims as its problem, not as a second "Alice"."""
+    import httpx
+    from service_fakes import FakeParty
+
+    real = FakeParty.GetIdentity
+
+    async def impostor(self: FakeParty, request: object, context: object) -> pb.PartyIdentity:
+        ident = await real(self, request, context)
+        if self.index == 2:  # Carol says she is Alice
+            ident.name = "Alice"
+        return ident
+
+    monkeypatch.setattr(FakeParty, "GetIdentity", impostor)
+    s = make_stack(tmp_path)
+    try:
+        r = httpx.get(s.gateway.url + "/v1/deployment/status",
+                      headers={"Authorization": f"Bearer {s.token['analyst-1']}"}, timeout=30)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert [p["name"] for p in got["parties"]] == ["Alice", "Bob", "Carol"], got
+        carol = got["parties"][2]
+        assert "reports the name 'Alice'" in carol["problem"] and got["healthy"] is False
+    finally:
+        s.close()

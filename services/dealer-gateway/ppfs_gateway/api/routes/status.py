@@ -191,6 +191,8 @@ async def _probe(parties: Parties, c: PartyClient) -> PartyStatusOut:
     lives = _party_lifetimes(ident)
     soon, ended = _warnings(lives, dt.datetime.now(dt.UTC))
     problem = f"reports index {ident.index}" if ident.index != c.index else ended
+    if ident.name != c.name:  # shown under its configured name, never under the one it claims
+        problem = "; ".join(x for x in (f"reports the name {ident.name[:64]!r}", problem) if x)
     if ident.stopping:
         left = (f", at most {ident.stop_seconds_left} s more" if ident.stop_seconds_left
                 else "")
@@ -198,7 +200,7 @@ async def _probe(parties: Parties, c: PartyClient) -> PartyStatusOut:
             "stopping: it takes no new job while its unfinished ones end" + left)) if x)
     return PartyStatusOut(
         index=c.index,
-        name=ident.name or c.name,
+        name=c.name,
         reachable=True,
         latency_ms=round(ms, 1),
         problem=problem,
