@@ -502,6 +502,45 @@ def test_a_withdrawal_stops_the_jobs_that_use_its_uploads(
     _run(tmp_path, scenario)
 
 
+def test_another_owners_upload_while_a_job_waits_leaves_the_job_as_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # owner-b adds rows to the data set owner-a's recipient runs a job on, after every
+    # party accepted the job and before it assembled its inputs (it compiles): the job
+    # runs on the uploads it pinned, as the owners consented and the recipient asked,
+    # and is not stopped by another owner's ordinary upload
+    _slow_engines(monkeypatch, seconds=2.0)
+
+    async def scenario(w: World) -> None:
+        owner_b = w.dep.add_owner("owner-b")
+        shape = w.shape()
+        mask, words = w.masks(shape, "mask-b", 8)
+        await w.put(mask)
+        desc = w.job("j-accepted", [[w.data]], mask)
+        for s in w.stubs:
+            await s.StartJob(start_requests(desc))
+        for s in w.stubs:
+            while (await s.GetJob(party_pb2.GetJobRequest(job_id="j-accepted"))
+                   ).phase != "compiling":
+                await asyncio.sleep(0.02)
+        man = Manifest.from_bytes(w.data.manifest)
+        later = data_upload(owner_b, w.box, w.raw[:5], man.columns, man.column_exponents,
+                            dataset_id="ds", upload_id="up-b", onehot=np.zeros((5, 1)),
+                            label_column=man.label_column, classes=man.classes)
+        await w.put(later)
+        finals = await asyncio.gather(*(watch_to_end(s, "j-accepted") for s in w.stubs))
+        assert all(f.state == party_pb2.JOB_STATE_SUCCEEDED for f in finals), finals
+        await _check_result(w, desc, words)  # on the pinned rows alone
+        # a job started now pins owner-b's rows too, or is refused naming them
+        mask2, _ = w.masks(shape, "mask-b2", 9)
+        await w.put(mask2)
+        stale = w.job("j-stale", [[w.data]], mask2)
+        assert "holds upload 'up-b' of data set 'ds' not named by the job" in \
+            await _refusal(w.stubs[0], stale)
+
+    _run(tmp_path, scenario)
+
+
 def test_a_job_started_while_a_withdrawal_stops_the_others_is_stopped_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,9 +13,11 @@ gives valid shares of the joined matrix without any interaction:
 
 A job runs on exactly the uploads its description pins (:func:`pinned_uploads`):
 every named upload must be held here with the named manifest SHA-256 and row count,
-no other upload of a named data set may be held, they must be listed in their owners'
-signed order, and the plan of the held manifests
-(:func:`ppfs.contract.plan`) must give the job's m, p and classes.
+no other upload of a named data set may be held when the job is accepted, they must be
+listed in their owners' signed order, and the plan of the held manifests
+(:func:`ppfs.contract.plan`) must give the job's m, p and classes. An upload committed
+to a named data set after the job was accepted is not in it: the job runs on what it
+pinned, and another owner's upload does not stop it.
 """
 
 from __future__ import annotations
@@ -94,17 +96,20 @@ class _Problems(list[str]):
         return "; ".join(self)[:480]
 
 
-def pinned_uploads(store: ShareStore, job: JobContract, party_name: str
-                   ) -> list[list[StoredUpload]]:
+def pinned_uploads(store: ShareStore, job: JobContract, party_name: str, *,
+                   accepted: bool = False) -> list[list[StoredUpload]]:
     """The job's uploads as held here, per data set in the job's order; PinnedInputsError
-    naming every difference between what the job pins and what this party holds."""
-    return pinned_plan(store, job, party_name)[0]
+    naming every difference between what the job pins and what this party holds (for a
+    job ``accepted`` already, uploads committed since are no difference)."""
+    return pinned_plan(store, job, party_name, accepted=accepted)[0]
 
 
-def pinned_plan(store: ShareStore, job: JobContract, party_name: str
-                ) -> tuple[list[list[StoredUpload]], Plan]:
+def pinned_plan(store: ShareStore, job: JobContract, party_name: str, *,
+                accepted: bool = False) -> tuple[list[list[StoredUpload]], Plan]:
     """:func:`pinned_uploads` and the plan (columns, exponents, classes) of the
-    owner-signed manifests held here."""
+    owner-signed manifests held here. Until the job is ``accepted``, an upload of a named
+    data set that the job does not pin is a difference: the job must take the data set
+    whole as it is then, so that no one running it leaves an owner's rows out."""
     # linear in the description and the store: a description the size of a gRPC message
     # (a million pins of one upload, or of as many data sets) is refused in a moment
     held_by = store.held_by_dataset(ds.dataset_id for ds in job.datasets)
@@ -135,7 +140,7 @@ def pinned_plan(store: ShareStore, job: JobContract, party_name: str
                                 f"{u.manifest.rows} rows, the job says {pin.rows}")
             else:
                 ups.append(u)
-        for extra in sorted(set(held) - named):
+        for extra in sorted(set(held) - named) if not accepted else ():
             problems.append(f"{party_name} holds upload {extra!r} of data set "
                             f"{ds.dataset_id!r} not named by the job")
         found.append(ups)
@@ -177,7 +182,8 @@ def assemble(store: ShareStore, job: JobContract, party: int, party_name: str) -
     them out itself, :meth:`ppfs.engines.base.PartyRunSpec.write_input_files`)."""
     security = job.security
     scheme = security.scheme
-    parts = [_dataset_part(ups, scheme) for ups in pinned_uploads(store, job, party_name)]
+    parts = [_dataset_part(ups, scheme)
+             for ups in pinned_uploads(store, job, party_name, accepted=True)]
     if len(parts) == 1 or job.combination.value == "horizontal":
         first = parts[0]
         if any(p.labels is None for p in parts):
