@@ -114,3 +114,31 @@ def test_a_refusal_relaying_a_partys_words_is_one_error_line(
     assert out == "" and not ANSI.search(err), err
     (line,) = err.splitlines()
     assert line.startswith("ppfs: error: A party refused (422): Bob refused StartJob: bad k\\n")
+
+
+def test_a_selected_columns_name_cannot_add_a_rank(
+    tmp_path: Any, clean_env: None, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Column names come from an owner's signed manifest. The gateway refuses hidden
+    characters in them, but it is not trusted: parties sign what the owner signed. The
+    analyst's listing of the selection keeps each name on its rank's line."""
+    import numpy as np
+    from ppfs_client.keys import ClientKeys
+    from ppfs_client.sdk import GatewayClient, ResultSelection
+
+    ClientKeys.generate("analyst-1").save(tmp_path / "analyst.key")
+    forged = "age\n    2. income\x1b[8m"
+
+    def fetch(self: GatewayClient, keys: ClientKeys, job_id: str) -> ResultSelection:
+        return ResultSelection(job_id, [forged, "bmi"], np.array([0, 1]), 2, 3)
+
+    monkeypatch.setattr(GatewayClient, "fetch_result", fetch)
+    monkeypatch.setenv("PPFS_KEY", str(tmp_path / "analyst.key"))
+    assert main(["result", "fetch", "j1", "--gateway", "http://127.0.0.1:9"]) == 0
+    out, _ = capsys.readouterr()
+    assert not ANSI.search(out), out
+    lines = out.splitlines()
+    assert lines == ["selected (best first):",
+                     "    1. age\\n    2. income\\x1b[8m",
+                     "    2. bmi"], lines

@@ -736,20 +736,23 @@ def _result_fetch(args: argparse.Namespace) -> int:
         "selected": sel.columns,
         "indices": sel.indices.tolist(),
     }
+    # names from the owners' signed manifests: each kept on its own rank's line
+    names = [inline(c) for c in sel.columns]
     text = "selected (best first):\n" + "\n".join(
-        f"  {r:3d}. {c}" for r, c in enumerate(sel.columns, start=1)
+        f"  {r:3d}. {c}" for r, c in enumerate(names, start=1)
     )
     if sel.model is not None:
         obj["model"] = model = sel.model.to_json()
         # the selected columns' weights, best first: every other column weighs 0 (--json
         # gives the whole model)
-        width = max(len(c) for c in sel.columns)
+        width = max(len(c) for c in names)
         text += (f"\nmodel (logistic regression, original units; {model['epochs']} epochs, "
                  f"batch {model['batch']}, lr {model['lr']}; the columns not selected "
                  f"weigh 0):")
         for row in model["models"]:
-            text += f"\n  {row['target']}: intercept {row['intercept']:.6g}"
-            text += "".join(f"\n    {c:<{width}}  {row['weights'][c]:.6g}" for c in sel.columns)
+            text += f"\n  {inline(row['target'])}: intercept {row['intercept']:.6g}"
+            text += "".join(f"\n    {shown:<{width}}  {row['weights'][c]:.6g}"
+                            for c, shown in zip(sel.columns, names, strict=True))
     _out(args, obj, text)
     return 0
 
