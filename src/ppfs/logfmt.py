@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import sys
+import unicodedata
 from typing import IO, Any
 
 FORMAT_ENV = "PPFS_LOG_FORMAT"
@@ -35,6 +36,19 @@ _LONG_B64 = re.compile(r"[A-Za-z0-9+/_-]{40,}={0,2}")
 _LOWER = re.compile(r"[a-z0-9/_-]+")
 
 
+# control, format (bidi overrides, zero-width), surrogate, private-use, unassigned, line
+# and paragraph separator characters
+_HIDDEN = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
+
+
+def inert(text: str) -> str:
+    """``text`` with every hidden character (newline and tab too) written as an escape: a
+    message quoting what a party or a client chose (a party's error, relayed by the
+    gateway) stays one record's line and cannot act on the terminal that shows it."""
+    return "".join(ch if unicodedata.category(ch) not in _HIDDEN
+                   else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 def _blank(found: re.Match[str]) -> str:
     text = found.group(0)
     return text if _LOWER.fullmatch(text) else "[redacted]"
@@ -50,7 +64,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        msg = redact(record.getMessage())
+        msg = redact(inert(record.getMessage()))
         out: dict[str, Any] = {
             "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
                 timespec="milliseconds"
@@ -74,6 +88,11 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        # the message only: a traceback appended after it keeps its lines
+        record.message = inert(record.message)
+        return super().formatMessage(record)
 
 
 def log_format(choice: str | None = None) -> str:
