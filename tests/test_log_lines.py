@@ -43,3 +43,21 @@ def test_relayed_text_stays_inert_in_one_log_line(fmt: str) -> None:
     assert "succeeded\\x1b[2K\\r\\u202e" in msg, msg
     if fmt == "json":
         assert json.loads(lines[0])["job_id"] == "j1"
+
+
+def test_a_credential_split_by_a_newline_is_still_redacted() -> None:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    try:
+        for fmt in ("text", "json"):
+            configure_logging(fmt, stream=stream)
+            logging.getLogger("ppfs.gateway").warning("said: %s", "Bearer\nsecret-token-1")
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in saved[0]:
+            root.addHandler(h)
+        root.setLevel(saved[1])
+    written = stream.getvalue()
+    assert "secret-token-1" not in written and written.count("Bearer [redacted]") == 2, written

@@ -64,7 +64,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        msg = redact(inert(record.getMessage()))
+        msg = inert(redact(record.getMessage()))  # redacted first: "Bearer\n..." too
         out: dict[str, Any] = {
             "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
                 timespec="milliseconds"
@@ -91,7 +91,7 @@ class TextFormatter(logging.Formatter):
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         # the message only: a traceback appended after it keeps its lines
-        record.message = inert(record.message)
+        record.message = inert(redact(record.message))
         return super().formatMessage(record)
 
 
