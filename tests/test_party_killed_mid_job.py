@@ -8,7 +8,8 @@ then finds the party it cannot reach.
 The parties are real daemons (``python -m ppfs_party serve``), each its own process, so
 that one can be killed alone; the gateway runs with its default of 60 s before a silent
 party is declared lost, so that a failure named within seconds comes from the
-survivors' reports, not from that silence."""
+survivors' reports, not from that silence. A party frozen instead (SIGSTOP) leaves its
+peers waiting: it is named once it has been silent that long."""
 
 from __future__ import annotations
 
@@ -117,9 +118,9 @@ def stack(tmp_path: Path, cache: Path) -> Iterator[Stack]:
     s.close()
 
 
-@pytest.mark.parametrize("victim", [0, 1, 2], ids=NAMES)
-def test_a_party_killed_mid_job_is_named_never_a_survivor(stack: Stack, victim: int) -> None:
-    s = stack
+def _job_into_the_run(s: Stack, victim: int) -> tuple[str, int]:
+    """Submit an active-3PC job and wait until the victim's program is in the bulk of
+    its computation: (job id, the victim daemon's pid)."""
     _, ids, _ = horizontal_setup(s, m=16000, p=16)
     box = s.keys["analyst-1"].box_public_key
     for owner, ds in zip(("owner-a", "owner-b"), ids, strict=True):
@@ -129,21 +130,28 @@ def test_a_party_killed_mid_job_is_named_never_a_survivor(stack: Stack, victim: 
                          security="active-3pc")
     server = s.cluster.servers[victim]
     assert server is not None
-    daemon = server.proc
+    pid = int(server.proc.pid)
     deadline = time.monotonic() + 120  # the first case compiles the program
     while True:
         now = analyst.get_job(job["id"])
         assert now["state"] in ("queued", "running"), (
-            "the run ended before the kill: make the job larger", now)
+            "the run ended before the victim was stopped: make the job larger", now)
         # the victim's program reports its stages as it reaches them: past its
         # connections, its inputs and their checks, into the computation's bulk
-        if now["parties"][victim]["progress"] >= INTO_THE_RUN and _has_engine(daemon.pid):
-            break
+        if now["parties"][victim]["progress"] >= INTO_THE_RUN and _has_engine(pid):
+            return str(job["id"]), pid
         assert time.monotonic() < deadline, now
         time.sleep(0.01)
-    _kill_party(daemon.pid)
+
+
+@pytest.mark.parametrize("victim", [0, 1, 2], ids=NAMES)
+def test_a_party_killed_mid_job_is_named_never_a_survivor(stack: Stack, victim: int) -> None:
+    s = stack
+    job_id, pid = _job_into_the_run(s, victim)
+    analyst = s.client("analyst-1")
+    _kill_party(pid)
     t0 = time.monotonic()
-    done = wait_final(analyst, job["id"], timeout=BOUND)
+    done = wait_final(analyst, job_id, timeout=BOUND)
     took = time.monotonic() - t0
     print(f"failed {took:.1f} s after the kill: {done['error']}; parties: "
           f"{[(p['state'], p['failure_kind'], p['error']) for p in done['parties']]}")
@@ -154,3 +162,28 @@ def test_a_party_killed_mid_job_is_named_never_a_survivor(stack: Stack, victim: 
         if i != victim and party["state"] == "failed":
             assert party["failure_kind"] == "peer_lost", (NAMES[i], party)
     assert took < BOUND
+
+
+def test_a_party_frozen_mid_job_is_named(tmp_path: Path, cache: Path) -> None:
+    # frozen (SIGSTOP of its daemon and its engine: a paused container): its peers'
+    # engines wait on it without end, so the gateway names it once it has been silent
+    # for party_lost_seconds
+    s = make_stack(tmp_path, cluster=DaemonCluster(3, tmp_path, engines=("mp-spdz",),
+                                                   mpspdz_cache=cache),
+                   party_lost_seconds=8.0)
+    frozen: list[int] = []
+    try:
+        job_id, pid = _job_into_the_run(s, 1)
+        frozen = [pid, *_descendants(pid)]
+        for p in frozen:
+            os.kill(p, signal.SIGSTOP)
+        t0 = time.monotonic()
+        done = wait_final(s.client("analyst-1"), job_id, timeout=BOUND)
+        assert done["state"] == "failed", done
+        assert done["error"] == "lost the connection to Bob", done
+        assert time.monotonic() - t0 < BOUND
+    finally:
+        for p in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+        s.close()
