@@ -133,3 +133,44 @@ def test_a_party_cannot_show_itself_under_another_partys_name(
         assert "reports the name 'Alice'" in carol["problem"] and got["healthy"] is False
     finally:
         s.close()
+
+
+def test_a_partys_oversized_identity_fields_are_bounded_in_the_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a party states of its software (version, engines, engine versions, MPC host)
+    reaches every console poll: a party that states megabytes of it, or thousands of
+    engines, is shown in a bounded answer, never echoed whole."""
+    import httpx
+    from service_fakes import FakeParty
+
+    real = FakeParty.GetIdentity
+    huge = "v" * 1_000_000
+
+    async def bloated(self: FakeParty, request: object, context: object) -> pb.PartyIdentity:
+        ident = await real(self, request, context)
+        if self.index == 1:
+            ident.software_version = huge
+            ident.mpc_host = "h" * 100_000
+            del ident.engines[:]
+            ident.engines.extend(f"engine-{i}-" + "e" * 1000 for i in range(1000))
+            for i in range(1000):
+                ident.engine_versions[f"engine-{i}" + "k" * 500] = huge[:10_000]
+        return ident
+
+    monkeypatch.setattr(FakeParty, "GetIdentity", bloated)
+    s = make_stack(tmp_path)
+    try:
+        r = httpx.get(s.gateway.url + "/v1/deployment/status",
+                      headers={"Authorization": f"Bearer {s.token['analyst-1']}"}, timeout=30)
+        assert r.status_code == 200, r.text[:300]
+        assert len(r.content) < 64_000, len(r.content)
+        bob = r.json()["parties"][1]
+        assert bob["software_version"].startswith("vvv") and len(bob["software_version"]) <= 64
+        assert 0 < len(bob["engines"]) <= 8 and all(len(e) <= 64 for e in bob["engines"])
+        assert 0 < len(bob["engine_versions"]) <= 8
+        assert len(bob["mpc_address"]) <= 300
+        alice = r.json()["parties"][0]  # an ordinary party is shown whole
+        assert alice["engines"] == ["mp-spdz", "mpyc"]
+    finally:
+        s.close()

@@ -204,10 +204,11 @@ async def _probe(parties: Parties, c: PartyClient) -> PartyStatusOut:
         reachable=True,
         latency_ms=round(ms, 1),
         problem=problem,
-        engines=list(ident.engines),
-        software_version=ident.software_version,
-        engine_versions=dict(ident.engine_versions),
-        mpc_address=f"{ident.mpc_host}:{ident.mpc_port_base}",
+        engines=[_short(e) for e in ident.engines[:_MAX_LISTED]],
+        software_version=_short(ident.software_version),
+        engine_versions={_short(k): _short(v) for k, v in
+                         sorted(ident.engine_versions.items())[:_MAX_LISTED]},
+        mpc_address=f"{_short(ident.mpc_host, _MAX_HOST)}:{ident.mpc_port_base}",
         fingerprints=KeyFingerprints(
             box_public_key=_sha256(ident.box_public_key),
             signing_public_key=_sha256(ident.signing_public_key),
@@ -220,6 +221,17 @@ async def _probe(parties: Parties, c: PartyClient) -> PartyStatusOut:
         stopping=ident.stopping,
         **_served(parties, c),
     )
+
+
+# What a party states of its software reaches every console poll: bounded, so that a
+# party stating megabytes of it (or thousands of engines) is shown, not echoed whole.
+_MAX_LISTED = 8  # engines, engine versions
+_MAX_TEXT = 64  # a version or an engine's name
+_MAX_HOST = 253  # a DNS name
+
+
+def _short(text: str, limit: int = _MAX_TEXT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @router.get("/v1/deployment/status", response_model=DeploymentStatusOut)
