@@ -360,3 +360,96 @@ def test_a_consent_limited_to_jobs_signs_its_limit_and_is_spent_last():
     assert check([*signed, plain.sign(key)], {}) == []  # the unlimited one first
     with pytest.raises(ConsentError, match=r"allows 2 jobs, all used"):
         check(signed[1:], {signed[1].digest: 2})
+
+
+def test_a_consent_asking_for_a_minimum_of_rows_signs_it_apart_and_counts_only_then():
+    import base64
+    import dataclasses
+    import json
+
+    from nacl.signing import SigningKey
+
+    from ppfs.contract import (
+        CONSENT_PURPOSE,
+        CONSENT_PURPOSE_MIN_ROWS,
+        MAX_CONSENT_ROWS,
+        Combination,
+        Consent,
+        ConsentError,
+        JobContract,
+        PinnedDataset,
+        PinnedUpload,
+        Reveal,
+        check_consents,
+    )
+    from ppfs.step2a import Security
+
+    key, recipient = SigningKey.generate(), bytes(range(32))
+    plain = Consent("owner-a", "ds", "analyst", recipient, Reveal.SELECTION,
+                    created_at="2025-01-01T00:00:00Z", max_jobs=3)
+    # without a minimum the statement is the one an earlier version signed, byte for byte
+    v1 = (b'{"created_at":"2025-01-01T00:00:00Z","dataset_id":"ds","max_jobs":3,'
+          b'"owner_id":"owner-a","purpose":"ppfs consent v1","recipient":"analyst",'
+          b'"recipient_public_key":"' + base64.b64encode(recipient) + b'",'
+          b'"reveal":"selection"}')
+    assert plain.to_bytes() == v1 and CONSENT_PURPOSE == "ppfs consent v1"
+    assert Consent.from_bytes(v1) == plain and plain.min_rows == 0
+    # with one, under another purpose: a party that does not know the field refuses it
+    floor = dataclasses.replace(plain, min_rows=100)
+    d = json.loads(floor.to_bytes())
+    assert (d["purpose"], d["min_rows"]) == (CONSENT_PURPOSE_MIN_ROWS, 100)
+    assert CONSENT_PURPOSE_MIN_ROWS != CONSENT_PURPOSE
+    assert Consent.from_bytes(floor.to_bytes()) == floor
+    assert Consent.from_bytes(floor.sign(key).statement).min_rows == 100
+    for bad in (-1, 1, MAX_CONSENT_ROWS + 1, True):
+        with pytest.raises(ValueError):
+            dataclasses.replace(plain, min_rows=bad).to_bytes()
+    for bad in (0, 1, -5, "100", True, 100.0, None, MAX_CONSENT_ROWS + 1):
+        with pytest.raises(ConsentError, match="malformed"):
+            Consent.from_bytes(json.dumps(d | {"min_rows": bad}).encode())
+    with pytest.raises(ConsentError, match="malformed"):  # v2 states its minimum
+        Consent.from_bytes(json.dumps({k: v for k, v in d.items() if k != "min_rows"}
+                                      ).encode())
+    with pytest.raises(ConsentError, match="malformed"):  # v1 has none to state
+        Consent.from_bytes(json.dumps(json.loads(v1) | {"min_rows": 100}).encode())
+
+    def job_on(*rows: int) -> JobContract:
+        return JobContract(
+            job_id="j", datasets=(PinnedDataset("ds", tuple(
+                PinnedUpload(f"u{i}", "0" * 64, n) for i, n in enumerate(rows))),),
+            combination=Combination.HORIZONTAL, label_column="y", k=1,
+            security=Security.PASSIVE_3PC, engine="mpyc", frac_bits=16,
+            recipient="analyst", recipient_public_key=recipient, mask_upload_id="m",
+            m=sum(rows), p=5, classes=2)
+
+    def check(consents, rows, pinned=(30,), used=None):
+        return check_consents(dataclasses.replace(job_on(*pinned), consents=tuple(consents)),
+                              {"ds": ["owner-a"]}, {"owner-a": bytes(key.verify_key)},
+                              "analyst", recipient, used, rows=rows)
+
+    floor_signed = floor.sign(key)
+    assert check([floor_signed], {"ds": 100}) == [floor_signed.digest]
+    assert check([floor_signed], {"ds": 250}) == [floor_signed.digest]
+    # the party's own count rules, not the rows the description states
+    with pytest.raises(ConsentError, match=r"'owner-a' for data set 'ds' \(its consent asks "
+                       r"for at least 100 rows; the job pins 30\)"):
+        check([floor_signed], {"ds": 30}, pinned=(60, 60))
+    with pytest.raises(ConsentError, match=r"at least 100 rows; the job pins 0"):
+        check([floor_signed], None, pinned=(60, 60))  # no count given: none counts
+    with pytest.raises(ConsentError, match=r"at least 100 rows; the job pins 99"):
+        check([floor_signed], {"ds": 99})
+    # beside it, a consent without a minimum serves; of two minimums, the one met
+    assert check([floor_signed, plain.sign(key)], {"ds": 30}) == [plain.sign(key).digest]
+    low = dataclasses.replace(floor, min_rows=20).sign(key)
+    assert check([floor_signed, low], {"ds": 30}) == [low.digest]
+    # of several not met, the smallest minimum is the one named
+    with pytest.raises(ConsentError, match=r"at least 100 rows; the job pins 10"):
+        check([dataclasses.replace(floor, min_rows=500).sign(key), floor_signed],
+              {"ds": 10})
+    # a spent consent beside one not met: the rows are what would help
+    with pytest.raises(ConsentError, match=r"at least 100 rows; the job pins 10"):
+        check([floor_signed, plain.sign(key)], {"ds": 10},
+              used={plain.sign(key).digest: 3})
+    # spent as well: more rows would not serve it, so its use is named
+    with pytest.raises(ConsentError, match=r"allows 3 jobs, all used\)"):
+        check([floor_signed], {"ds": 10}, used={floor_signed.digest: 3})

@@ -797,6 +797,60 @@ def test_a_consent_for_a_number_of_jobs_is_spent_at_every_party(tmp_path: Path) 
     asyncio.run(scenario())
 
 
+def test_a_consent_for_a_minimum_of_rows_refuses_a_job_on_part_of_the_data_set(
+    tmp_path: Path,
+) -> None:
+    """A consent asking for at least 12 rows of data set ds, and a turned gateway (its
+    mutual-TLS identity on the parties) that aborted owner-a's second upload at every
+    party after telling the owner it was added: a job on the 4 rows left is refused by
+    every party on its own count of the rows, naming the consent's minimum, before
+    anything runs; once the upload is held, the job on all 12 rows is accepted."""
+    async def scenario() -> None:
+        async with _gateway_on_three_mpyc_parties(tmp_path) as (dep, stubs, box, owner, rec,
+                                                                 _gw, _data):
+            t = make_table(12, 3, seed=4)
+            fp = FixedPoint()
+            exps = fp.choose_exponents(t.x, t.columns)
+            raw, onehot = fp.encode(t.x, exps, t.columns), t.one_hot()
+            parts = [data_upload(owner, box, raw[rows], t.columns, exps, dataset_id="ds",
+                                 upload_id=f"u{n}", onehot=onehot[rows],
+                                 label_column=t.label_column, classes=t.classes)
+                     for n, rows in ((1, slice(0, 4)), (2, slice(4, 12)))]
+            ana = bytes(rec.box.public_key)
+            masks = [mask_upload(rec, box, np.zeros((1, 2), dtype=np.uint64),
+                                 dataset_id="m", upload_id=f"m{i}") for i in range(2)]
+            for up in (parts[0], *masks):  # u2 never reaches a party
+                for i, st in enumerate(stubs):
+                    await st.PutUploadPart(upload_messages(up, i))
+            floor = Consent("owner-a", "ds", "analyst", ana, Reveal.SELECTION,
+                            min_rows=12).sign(owner.key)
+
+            def job(n: int, uploads: list[Any]) -> Any:
+                return describe_job(f"j{n}", [uploads], mask=masks[n], k=1,
+                                    security="passive-3pc", engine="mpyc",
+                                    recipient_public_key=ana, peers=dep.peer_addresses(),
+                                    consents=[floor])
+
+            for st in stubs:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await st.StartJob(start_requests(job(0, parts[:1])))
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert ("no consent to reveal the selection to 'analyst' from owner 'owner-a' "
+                        "for data set 'ds' (its consent asks for at least 12 rows; the job "
+                        "pins 4)") in (info.value.details() or ""), info.value.details()
+            for st_dir in (s.state_dir for s in dep.settings):
+                audit = [json.loads(x) for x in (st_dir / "audit.log").read_text().splitlines()]
+                assert not [e for e in audit if e["event"] == "job.accepted"]
+            for i, st in enumerate(stubs):
+                await st.PutUploadPart(upload_messages(parts[1], i))
+            for st in stubs:
+                await st.StartJob(start_requests(job(1, parts)))
+            for st in stubs:
+                await st.CancelJob(party_pb2.CancelJobRequest(job_id="j1"))
+
+    asyncio.run(scenario())
+
+
 def test_consent_command_stores_a_signed_consent_every_job_carries(
     stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -864,6 +918,36 @@ def test_consent_command_stores_a_signed_consent_every_job_carries(
     assert "selection; no expiry; at most 1 job" in out, out
     rc, out, _ = run(capsys, stack, url, "analyst-1", "datasets", "consents", ids[0])
     assert "selection+model; until 2020-01-01T00:00:00Z; any number of jobs" in out, out
+
+
+def test_consent_command_signs_a_minimum_of_rows_and_lists_it(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, ids, _ = horizontal_setup(stack, m=20, p=4, seed=6)
+    url = stack.gateway.url
+    box = base64.b64encode(stack.keys["analyst-1"].box_public_key).decode()
+    consent = ("datasets", "consent", ids[0], "--recipient", "analyst-1",
+               "--recipient-key", box)
+    for bad in ("1", "0", "ten", "-5", "1000000001"):  # 2 rows at least, 10^9 at most
+        with pytest.raises(SystemExit):
+            run(capsys, stack, url, "owner-a", *consent, "--min-rows", bad)
+    assert stack.client("analyst-1").list_consents(ids[0]) == []
+    rc, out, err = run(capsys, stack, url, "owner-a", *consent, "--min-rows", "15",
+                       "--max-jobs", "2")
+    assert rc == 0, err
+    assert f"owner-a lets analyst-1 learn the selection of 2 jobs on {ids[0]} pinning at " \
+           "least 15 rows of it" in out, out
+    listed = stack.client("analyst-1").list_consents(ids[0])
+    assert [(c["owner_id"], c["max_jobs"], c["min_rows"]) for c in listed] == [
+        ("owner-a", 2, 15)]
+    rc, out, err = run(capsys, stack, url, "analyst-1", "datasets", "consents", ids[0])
+    assert rc == 0 and "selection; no expiry; at most 2 jobs; at least 15 rows" in out, out
+    rc, out, err = run(capsys, stack, url, "owner-b", "datasets", "consent", ids[1],
+                       "--recipient", "analyst-1", "--recipient-key", box)
+    assert rc == 0 and "pinning" not in out, out
+    assert [c["min_rows"] for c in stack.client("analyst-1").list_consents(ids[1])] == [0]
+    rc, out, err = run(capsys, stack, url, "analyst-1", "datasets", "consents", ids[1])
+    assert rc == 0 and "any number of jobs; no minimum of rows" in out, out
 
 
 def test_a_consent_for_one_job_serves_one_job_through_the_gateway(tmp_path: Path) -> None:

@@ -23,7 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from ppfs.contract import MAX_CONSENT_JOBS, TIME_FORMAT, Reveal, utc_time
+from ppfs.contract import (
+    MAX_CONSENT_JOBS,
+    MAX_CONSENT_ROWS,
+    MIN_CONSENT_ROWS,
+    TIME_FORMAT,
+    Reveal,
+    utc_time,
+)
 from ppfs.errors import InputDataError, ParameterError, PpfsError
 from ppfs.jobflags import (
     ENGINE_PREFERENCE,
@@ -162,6 +169,14 @@ def add_commands(sub: Any) -> None:
         help="the consent serves at most N jobs: every party counts the jobs it accepts "
         "under it (a job it accepted counts, however it ends) and refuses more. Without it, "
         "any number of jobs",
+    )
+    consent.add_argument(
+        "--min-rows", metavar="N", type=_min_rows, default=0,
+        help="the consent serves only jobs that pin at least N rows of the data set in all "
+        "(every party counts them from the signed manifests it holds), so that a gateway "
+        "holding back other uploads cannot have the selection (and model) computed over a "
+        "handful of rows. Parties of an earlier version refuse such a consent. Without it, "
+        "any number of rows",
     )
     _conn_args(consent)
     consent.set_defaults(func=_datasets_consent)
@@ -562,7 +577,9 @@ def _datasets_consents(args: argparse.Namespace) -> int:
             f"(key {inline(c['recipient_public_key'][:12])}...): {inline(c['reveal'])}; "
             + (f"until {inline(c['expires_at'])}" if c.get("expires_at")
                                   else "no expiry")
-            + "; " + (f"at most {n} job{'s' if n > 1 else ''}" if n else "any number of jobs"))
+            + "; " + (f"at most {n} job{'s' if n > 1 else ''}" if n else "any number of jobs")
+            + "; " + (f"at least {rows} rows" if (rows := int(c.get("min_rows", 0)))
+                      else "no minimum of rows"))
     _out(args, got, "\n".join(lines))
     return 0
 
@@ -572,6 +589,15 @@ def _max_jobs(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= MAX_CONSENT_JOBS:
         raise argparse.ArgumentTypeError(
             f"{text[:40]!r} is not a number of jobs from 1 to {MAX_CONSENT_JOBS}")
+    return int(text)
+
+
+def _min_rows(text: str) -> int:
+    """--min-rows: a whole number of rows, MIN_CONSENT_ROWS to MAX_CONSENT_ROWS."""
+    if not text.isdigit() or not MIN_CONSENT_ROWS <= int(text) <= MAX_CONSENT_ROWS:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a number of rows from {MIN_CONSENT_ROWS} to "
+            f"{MAX_CONSENT_ROWS}")
     return int(text)
 
 
@@ -597,12 +623,15 @@ def _datasets_consent(args: argparse.Namespace) -> int:
     with _client(args) as client:
         c = client.consent(keys, args.dataset_id, args.recipient,
                            _public_key(args.recipient_key), reveal,
-                           expires_at=args.expires or "", max_jobs=args.max_jobs)
+                           expires_at=args.expires or "", max_jobs=args.max_jobs,
+                           min_rows=args.min_rows)
     until = f" until {inline(c['expires_at'])}" if c.get("expires_at") else ""
     n = int(c.get("max_jobs", 0))
     jobs = f"{n} job{'s' if n > 1 else ''}" if n else "jobs"
+    rows = int(c.get("min_rows", 0))
+    least = f" pinning at least {rows} rows of it" if rows else ""
     _out(args, c, f"{inline(c['owner_id'])} lets {inline(c['recipient'])} learn the "
-         f"{inline(c['reveal'])} of {jobs} on {inline(c['dataset_id'])}{until}")
+         f"{inline(c['reveal'])} of {jobs} on {inline(c['dataset_id'])}{least}{until}")
     return 0
 
 

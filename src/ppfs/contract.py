@@ -72,6 +72,9 @@ CONTRACT_VERSION = 3  # 2: owner consents, the recipient and the scorer; 3: the 
 # their results stay fetchable); a new job must be CONTRACT_VERSION
 STORED_CONTRACT_VERSIONS = (2, 3)
 CONSENT_PURPOSE = "ppfs consent v1"
+# a consent asking for a minimum of rows (Consent.min_rows): a purpose of its own, so that
+# a party of an earlier version, which would not read the minimum, refuses it as malformed
+CONSENT_PURPOSE_MIN_ROWS = "ppfs consent v2"
 RESULT_PURPOSE = "ppfs result v1"
 REQUEST_PURPOSE = "ppfs job request v1"
 ENGINES = ("mp-spdz", "mpyc")
@@ -318,6 +321,7 @@ def _b64(data: bytes) -> str:
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # UTC, as consents state their times
 MAX_CONSENT_JOBS = 1_000_000
+MIN_CONSENT_ROWS, MAX_CONSENT_ROWS = 2, 1_000_000_000  # the bounds of Consent.min_rows
 MAX_CONSENT_BYTES = 4096  # a consent statement is a few hundred bytes
 # who a consent names: subject ids (the gateway's token subjects, the parties' owner ids)
 # and a data set id; nothing a terminal would act on when a consent is listed
@@ -336,7 +340,10 @@ class Consent:
     recipient ``recipient`` holding the X25519 key ``recipient_public_key``; with
     ``expires_at`` (UTC, TIME_FORMAT), only jobs a party accepts before then; with
     ``max_jobs`` above 0, at most that many jobs (each party counts the jobs it accepted
-    under this very statement, :func:`check_consents`)."""
+    under this very statement, :func:`check_consents`); with ``min_rows`` above 0, only
+    jobs that pin at least that many rows of the data set in all (as each party counts
+    them from the owner-signed manifests it holds), so that a gateway holding back the
+    other uploads cannot have the result computed over a handful of rows."""
 
     owner_id: str
     dataset_id: str
@@ -346,6 +353,8 @@ class Consent:
     created_at: str = ""
     expires_at: str = ""  # "" never: left out of the signed form
     max_jobs: int = 0  # 0 any number: left out of the signed form
+    # 0 no minimum: left out of the signed form, which then keeps CONSENT_PURPOSE
+    min_rows: int = 0
 
     def to_bytes(self) -> bytes:
         if not (_SUBJECT.match(self.owner_id) and _SUBJECT.match(self.recipient)):
@@ -367,6 +376,13 @@ class Consent:
             if not 0 < self.max_jobs <= MAX_CONSENT_JOBS:
                 raise ValueError(f"a consent allows 1 to {MAX_CONSENT_JOBS} jobs")
             d["max_jobs"] = self.max_jobs
+        if type(self.min_rows) is not int or not (
+                self.min_rows == 0 or MIN_CONSENT_ROWS <= self.min_rows <= MAX_CONSENT_ROWS):
+            raise ValueError(f"a consent asks for {MIN_CONSENT_ROWS} to {MAX_CONSENT_ROWS} "
+                             "rows at least")
+        if self.min_rows:
+            d["purpose"] = CONSENT_PURPOSE_MIN_ROWS
+            d["min_rows"] = self.min_rows
         return _canonical(d)
 
     @classmethod
@@ -377,7 +393,16 @@ class Consent:
             if len(blob) > MAX_CONSENT_BYTES:
                 raise ValueError
             d = json.loads(blob)
-            if d["purpose"] != CONSENT_PURPOSE:
+            if d["purpose"] == CONSENT_PURPOSE:
+                if "min_rows" in d:  # v1 states no minimum: not one a party would skip
+                    raise ValueError
+                min_rows = 0
+            elif d["purpose"] == CONSENT_PURPOSE_MIN_ROWS:
+                min_rows = d["min_rows"]
+                if type(min_rows) is not int or not (
+                        MIN_CONSENT_ROWS <= min_rows <= MAX_CONSENT_ROWS):
+                    raise ValueError
+            else:
                 raise ValueError
             key = base64.b64decode(d["recipient_public_key"], validate=True)
             if len(key) != 32:
@@ -392,7 +417,8 @@ class Consent:
                     and _ID.match(d["dataset_id"])):
                 raise ValueError
             return cls(str(d["owner_id"]), str(d["dataset_id"]), str(d["recipient"]), key,
-                       Reveal(d["reveal"]), str(d["created_at"]), expires, max_jobs)
+                       Reveal(d["reveal"]), str(d["created_at"]), expires, max_jobs,
+                       min_rows)
         except (ValueError, KeyError, TypeError, binascii.Error):
             raise ConsentError("a consent statement is malformed") from None
 
@@ -430,7 +456,7 @@ class SignedConsent:
 def check_consents(
     job: JobContract, upload_owners: Mapping[str, Sequence[str]], owner_keys: Mapping[str, bytes],
     mask_owner: str, mask_recipient_key: bytes, used: Mapping[str, int] | None = None,
-    revoked: Callable[[Consent], bool] | None = None,
+    revoked: Callable[[Consent], bool] | None = None, *, rows: Mapping[str, int] | None = None,
 ) -> list[str]:
     """A party's own authorisation of a job: for every data set, every owner of a
     pinned upload (``upload_owners``: data set id -> owner ids, from the manifests the
@@ -445,7 +471,12 @@ def check_consents(
     Returns the digests of the limited consents the job spends, one per owner and data
     set that needs one: the caller records them with the job it accepts. A consent
     ``revoked`` selects (its owner revoked it, :class:`ppfs.withdrawal.Revocation`)
-    counts for nothing."""
+    counts for nothing.
+
+    ``rows`` gives the rows the job pins of each data set, as this party counted them
+    from the owner-signed manifests it verified (never a number the description
+    states): a consent asking for more (:attr:`Consent.min_rows`) counts for nothing, a
+    data set missing from ``rows`` counting as none."""
     if not job.recipient:
         raise ConsentError("the job names no recipient")
     if mask_owner != job.recipient or mask_recipient_key != job.recipient_public_key:
@@ -459,6 +490,8 @@ def check_consents(
     expired: set[tuple[str, str]] = set()
     withdrawn: set[tuple[str, str]] = set()  # revoked by its owner
     spent: dict[tuple[str, str], int] = {}  # its limit, all used
+    short: dict[tuple[str, str], int] = {}  # the least minimum of rows the job misses
+    pinned = rows or {}
     for sc in dict.fromkeys(job.consents):  # one consent relayed many times counts once
         c = sc.consent
         key = owner_keys.get(c.owner_id)
@@ -473,14 +506,21 @@ def check_consents(
             withdrawn.add(who)
         elif c.expired():
             expired.add(who)
+        elif c.max_jobs and used.get(sc.digest, 0) >= c.max_jobs:
+            spent[who] = c.max_jobs
+        elif c.min_rows and pinned.get(c.dataset_id, 0) < c.min_rows:
+            # usable but for the rows: named first below, as more rows would serve
+            short[who] = min(short.get(who, c.min_rows), c.min_rows)
         elif not c.max_jobs:
             valid.add(who)
-        elif used.get(sc.digest, 0) < c.max_jobs:
-            limited.setdefault(who, []).append(sc.digest)
         else:
-            spent[who] = c.max_jobs
+            limited.setdefault(who, []).append(sc.digest)
 
     def why(who: tuple[str, str]) -> str:
+        # a consent usable but for the rows: more rows pinned would serve, the rest not
+        if who in short:
+            return (f" (its consent asks for at least {short[who]} rows; the job pins "
+                    f"{pinned.get(who[1], 0)})")
         if who in spent:
             n = spent[who]
             return f" (its consent allows {n} job{'s' if n > 1 else ''}, all used)"

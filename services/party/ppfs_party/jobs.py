@@ -7,7 +7,9 @@ this party's part in it (engine, index, its assigned MPC port), the pinned uploa
 (ppfs_party.combine.pinned_uploads) and the owners' consents (ppfs.contract.check_consents:
 every owner of a pinned upload signed, with its key registered here, a consent naming
 the job's recipient and key and what the job reveals, not expired and, for a consent
-limited to a number of jobs, with one left here; the mask upload was signed by
+limited to a number of jobs, with one left here, and for a consent asking for a
+minimum of rows, with at least that many pinned of the data set as the manifests held
+here count them; the mask upload was signed by
 that recipient for that key) and the recipient's request (ppfs.contract.check_request:
 the job's parameters are exactly those the recipient signed). The gateway's own checks
 are not relied on. It then
@@ -434,6 +436,9 @@ class JobRunner:
             owners, mask.manifest.owner_id,
             base64.b64decode(mask.manifest.recipient_public_key), self._consent_uses,
             revoked=self.revocations.covers,
+            # a consent's minimum of rows against the manifests held here, not the job's word
+            rows={ds.dataset_id: sum(u.manifest.rows for u in ups)
+                  for ds, ups in zip(job.datasets, found, strict=True)},
         )
         # the parameters are the recipient's, not the gateway's: signed by the recipient
         check_request(job, owners.get(job.recipient))

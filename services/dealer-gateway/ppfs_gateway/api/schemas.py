@@ -212,6 +212,8 @@ class ConsentOut(BaseModel):
     reveal: Literal["selection", "selection+model"]
     expires_at: str = Field(default="", description="UTC; empty: the consent does not expire")
     max_jobs: int = Field(default=0, description="jobs it allows at each party; 0: any number")
+    min_rows: int = Field(default=0, description="rows of the data set a job must pin, as "
+                          "each party counts them; 0: no minimum")
 
 
 class TrainingIn(Strict):

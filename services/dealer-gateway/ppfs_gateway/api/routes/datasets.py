@@ -244,7 +244,8 @@ def consent_out(c: ConsentRecord) -> ConsentOut:
     return ConsentOut(dataset_id=c.dataset_id, owner_id=c.owner_id, recipient=c.recipient,
                       recipient_public_key=c.recipient_key,
                       reveal=c.reveal,  # type: ignore[arg-type]
-                      expires_at=signed.expires_at, max_jobs=signed.max_jobs)
+                      expires_at=signed.expires_at, max_jobs=signed.max_jobs,
+                      min_rows=signed.min_rows)
 
 
 @router.post(
