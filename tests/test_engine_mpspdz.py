@@ -337,6 +337,21 @@ def test_a_peer_cut_off_inside_an_instruction_is_a_lost_peer() -> None:
         assert not mpspdz._lost_a_peer(stderr), stderr
 
 
+def test_a_file_of_its_own_read_short_is_not_a_lost_peer() -> None:
+    # MP-SPDZ's own end_of_file exception (Tools/Exceptions.h: "End of file when reading
+    # <what>") is thrown by a read of a local file (modp, gf2n, BitVector input); only
+    # asio's bare "End of file" says a peer closed its connection
+    for stderr in (b"Fatal error: End of file when reading gf2n \n",
+                   b"Fatal error at step2a-active-3pc-20-4-0:12 (LDMS): End of file when "
+                   b"reading modp \n"):
+        assert not mpspdz._lost_a_peer(stderr), stderr
+        assert "peer" not in mpspdz._reason(stderr)
+    for stderr in (b"Fatal error: read_some: End of file\n",
+                   b"Fatal error at step2a-active-3pc-20-4-0:93 (SHRSI): read_some: End of "
+                   b"file [asio.misc:2]\n"):
+        assert mpspdz._lost_a_peer(stderr), stderr
+
+
 def test_a_run_a_peer_was_cut_from_is_blamed_on_that_peer_not_the_survivor() -> None:
     # the supervision of one party (a party daemon's run) raises a lost peer for it
     import asyncio

@@ -1036,9 +1036,14 @@ _GONE = (b"stream truncated", b"end of file", b"short read", b"unexpected eof",
          b"reset by peer", b"broken pipe", b"connection refused")
 
 
+# MP-SPDZ's own end_of_file exception (Tools/Exceptions.h): a short read of a file of the
+# party's own (its input, memory or key files), never a peer's closed connection
+_OWN_FILE_ENDED = b"end of file when reading"
+
+
 def _gone(detail: bytes) -> bool:
     """True when an error text says the other end went away (closed, killed, reset)."""
-    detail = detail.lower()
+    detail = detail.lower().replace(_OWN_FILE_ENDED, b"")
     return any(needle in detail for needle in _GONE)
 
 
