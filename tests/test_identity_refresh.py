@@ -97,3 +97,36 @@ def test_a_refreshed_identity_that_fails_a_check_keeps_the_good_one(short: Stack
     wait_until(lambda: client.deployment().parties[1].box_public_key
                == bytes(bob.box.public_key), timeout=20)
     assert _status(short)["parties"][1]["identity_problem"] == ""
+
+
+def _identity(ca: CertificateAuthority, index: int, name: str) -> Any:
+    from nacl.signing import SigningKey
+
+    from ppfs.keycert import certify_party_keys
+    from ppfs.v1 import party_pb2 as pb
+
+    box, signing = bytes(PrivateKey.generate().public_key), bytes(SigningKey.generate().verify_key)
+    statement, signature = certify_party_keys(ca.key, ca.cert, index, name, box, signing)
+    return pb.PartyIdentity(index=index, name=name, box_public_key=box,
+                            signing_public_key=signing, key_statement=statement,
+                            key_statement_signature=signature)
+
+
+def test_a_party_first_seen_under_another_name_is_served_once_it_states_its_own() -> None:
+    # party 1 is Bob, whatever it once said: an identity first fetched under another
+    # name (a misconfigured party, since set right) must not keep its good one out
+    from types import SimpleNamespace
+
+    from ppfs_gateway.parties import Parties
+
+    ca = CertificateAuthority.create("deployment CA")
+    clients = [SimpleNamespace(index=i, name=n) for i, n in enumerate(("Alice", "Bob", "Carol"))]
+    parties = Parties(clients, ca.cert_pem())  # type: ignore[arg-type]
+    assert parties.observe(1, _identity(ca, 1, "Bobby")) == ""  # first sight, as a first fetch
+    good = _identity(ca, 1, "Bob")
+    assert parties.observe(1, good) == ""
+    known = parties.known(1)
+    assert known is not None and known.identity == good and known.problem == ""
+    # and once Bob is served, an identity under another name never replaces it
+    assert "Bobby" in parties.observe(1, _identity(ca, 1, "Bobby"))
+    assert parties.known(1).identity == good  # type: ignore[union-attr]

@@ -378,9 +378,11 @@ class Parties:
         :func:`ppfs.keycert.verify_party_keys`; never the relayed CA)."""
         if ident.index != index:
             return f"reports index {ident.index}"
-        k = self._known[index]
-        if k is not None and ident.name != k.identity.name:
-            return f"reports the name {ident.name!r}, not {k.identity.name!r}"
+        # the configured name, not the cached one: a party first seen under another name
+        # (a first fetch is not checked) is served once it states its own
+        name = self.clients[index].name
+        if ident.name != name:
+            return f"reports the name {ident.name[:64]!r}, not {name!r}"
         why = ""
         for anchor in self.anchors:
             try:
