@@ -130,3 +130,20 @@ def test_a_party_first_seen_under_another_name_is_served_once_it_states_its_own(
     # and once Bob is served, an identity under another name never replaces it
     assert "Bobby" in parties.observe(1, _identity(ca, 1, "Bobby"))
     assert parties.known(1).identity == good  # type: ignore[union-attr]
+
+
+def test_without_a_deployment_ca_to_check_with_no_refresh_is_taken() -> None:
+    # a CA file the gateway cannot read certificates from checks nothing: a refresh is
+    # then refused, never taken unchecked
+    from types import SimpleNamespace
+
+    from ppfs_gateway.parties import Parties
+
+    ca, other = CertificateAuthority.create("deployment CA"), CertificateAuthority.create("x")
+    clients = [SimpleNamespace(index=i, name=n) for i, n in enumerate(("Alice", "Bob", "Carol"))]
+    for pem in (b"", b"not a certificate"):
+        parties = Parties(clients, pem)  # type: ignore[arg-type]
+        first = _identity(ca, 1, "Bob")
+        assert parties.observe(1, first) == ""
+        assert "deployment CA" in parties.observe(1, _identity(other, 1, "Bob"))
+        assert parties.known(1).identity == first  # type: ignore[union-attr]
