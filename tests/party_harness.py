@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import hashlib
 import signal
@@ -56,6 +57,7 @@ from ppfs.scoring import Scorer
 from ppfs.sharing import Scheme, ShareBundle, bundles_for_all
 from ppfs.step2a import Security, Step2AShape, draw_mask_words, mirror, unmask_all
 from ppfs.step2b import TrainParams
+from ppfs.synthetic import make_table
 from ppfs.table import LabelledTable
 from ppfs.upload import (
     SIGNED_AT_FORMAT,
@@ -579,3 +581,51 @@ class ProcessCluster:
         ref = mirror(raw, y, shape)
         np.testing.assert_array_equal(out.indices, ref.selected)
         assert out.reduced is None and parts[0].size == shape.k  # D' never leaves MPC
+
+
+@dataclass
+class PartiesInProcess:
+    """Three parties served in the test's event loop, with a job running on them."""
+
+    dep: Deployment
+    servers: list[PartyServer]
+    cluster: ProcessCluster  # its upload and job helpers, on these servers
+    late: party_pb2.JobDescription  # a second job, on masks of its own, not sent
+    stopped: set[int] = field(default_factory=set)
+
+    async def stop(self, index: int) -> None:
+        """Stop one party as its daemon does on a stop with no drain."""
+        self.stopped.add(index)
+        await self.servers[index].stop(0)
+
+
+@contextlib.asynccontextmanager
+async def parties_running_a_long_job(tmp_path: Path) -> AsyncIterator[PartiesInProcess]:
+    """Alice, Bob and Carol served in this event loop on MPyC, all three running the job
+    "job-long" (the caller makes its compile outlast every wait: :class:`SlowEngine`),
+    and "job-late" made on masks of its own for the caller to send; stopped at the end."""
+    dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
+    servers = [await start_party_server(s) for s in dep.settings]
+    channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
+    cluster = ProcessCluster(dep)
+    cluster.stubs = [party_pb2_grpc.PartyServiceStub(c) for c in channels]
+    stopped: set[int] = set()
+    try:
+        _, _, shape = await cluster.upload(make_table(12, 3, seed=4), 1, "mask-1")
+        await cluster.send_mask()
+        rec = dep.owners["recipient"].box
+        desc = cluster.job("job-long", "mask-1", Security.PASSIVE_3PC, "mpyc", 1, rec)
+        for stub in cluster.stubs:
+            await stub.StartJob(start_requests(desc))
+        cluster.add_mask([i.box_public_key for i in await identities(cluster.stubs)],
+                         shape, "mask-2")
+        await cluster.send_mask()
+        late = cluster.job("job-late", "mask-2", Security.PASSIVE_3PC, "mpyc", 1, rec)
+        parties = PartiesInProcess(dep, servers, cluster, late, stopped)
+        yield parties
+    finally:
+        for c in channels:
+            await c.close()
+        for i, srv in enumerate(servers):
+            if i not in stopped:
+                await srv.stop(0)

@@ -21,17 +21,17 @@ from party_harness import (
     SlowEngine,
     fetch_opened,
     identities,
+    parties_running_a_long_job,
     start_requests,
     watch_to_end,
 )
 from ppfs_party import state as party_state
-from ppfs_party.server import start_party_server
 
 from ppfs.engines.base import Engine
 from ppfs.engines.mpyc_engine import MpycEngine
 from ppfs.step2a import Security, mirror, unmask_all
 from ppfs.synthetic import make_table
-from ppfs.v1 import party_pb2, party_pb2_grpc
+from ppfs.v1 import party_pb2
 
 SUCCEEDED, FAILED = party_pb2.JOB_STATE_SUCCEEDED, party_pb2.JOB_STATE_FAILED
 
@@ -95,19 +95,8 @@ def test_the_drain_ends_at_its_time_or_at_a_second_stop(
     _slow(monkeypatch, 30.0)  # a compile that outlasts every wait here
 
     async def main() -> None:
-        dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
-        servers = [await start_party_server(s) for s in dep.settings]
-        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
-        cluster = ProcessCluster(dep)  # its upload and job helpers, on these servers
-        cluster.stubs = [party_pb2_grpc.PartyServiceStub(c) for c in channels]
-        try:
-            table = make_table(12, 3, seed=4)
-            await cluster.upload(table, 1, "mask-1")
-            await cluster.send_mask()
-            desc = cluster.job("job-long", "mask-1", Security.PASSIVE_3PC, "mpyc", 1,
-                               dep.owners["recipient"].box)
-            for stub in cluster.stubs:
-                await stub.StartJob(start_requests(desc))
+        async with parties_running_a_long_job(tmp_path) as parties:
+            servers = parties.servers
             # its time runs out: the job is left to the stop, which fails it
             began = time.monotonic()
             await servers[0].drain(1.0, asyncio.Event())
@@ -119,14 +108,9 @@ def test_the_drain_ends_at_its_time_or_at_a_second_stop(
             began = time.monotonic()
             await servers[1].drain(60.0, now)
             assert time.monotonic() - began < 2
-            await servers[0].stop(0)
+            await parties.stop(0)
             rec = servers[0].state.jobs.get("job-long")
             assert rec.state == "failed" and rec.error == "party stopped"
-        finally:
-            for c in channels:
-                await c.close()
-            for srv in servers[1:]:
-                await srv.stop(0)
 
     asyncio.run(main())
 
@@ -141,44 +125,24 @@ def test_a_job_sent_while_the_party_stops_its_jobs_is_refused(
     _slow(monkeypatch, 30.0)
 
     async def main() -> None:
-        dep = Deployment.create(tmp_path, 3, engines=("mpyc",))
-        servers = [await start_party_server(s) for s in dep.settings]
-        channels = [dep.channel(i, srv.port) for i, srv in enumerate(servers)]
-        cluster = ProcessCluster(dep)
-        cluster.stubs = [party_pb2_grpc.PartyServiceStub(c) for c in channels]
-        try:
-            table = make_table(12, 3, seed=4)
-            _, _, shape = await cluster.upload(table, 1, "mask-1")
-            await cluster.send_mask()
-            rec = dep.owners["recipient"].box
-            desc = cluster.job("job-long", "mask-1", Security.PASSIVE_3PC, "mpyc", 1, rec)
-            for stub in cluster.stubs:
-                await stub.StartJob(start_requests(desc))
-            cluster.add_mask([i.box_public_key for i in await identities(cluster.stubs)],
-                             shape, "mask-2")
-            await cluster.send_mask()
-            late = cluster.job("job-late", "mask-2", Security.PASSIVE_3PC, "mpyc", 1, rec)
-            jobs = servers[0].state.jobs
+        async with parties_running_a_long_job(tmp_path) as parties:
+            stub = parties.cluster.stubs[0]
+            jobs = parties.servers[0].state.jobs
             real_cancel = jobs.cancel
             refused: list[grpc.aio.AioRpcError] = []
 
             async def cancel_as_a_job_arrives(job_id: str, **kwargs: Any) -> Any:
                 if job_id == "job-long":  # the stop is under way: a job arrives
                     try:
-                        await cluster.stubs[0].StartJob(start_requests(late))
+                        await stub.StartJob(start_requests(parties.late))
                     except grpc.aio.AioRpcError as exc:
                         refused.append(exc)
                 return await real_cancel(job_id, **kwargs)
 
             monkeypatch.setattr(jobs, "cancel", cancel_as_a_job_arrives)
-            await servers[0].stop(0)
+            await parties.stop(0)
             assert len(refused) == 1, "a job was accepted while the party stopped"
             assert refused[0].code() == grpc.StatusCode.FAILED_PRECONDITION
             assert jobs.unfinished() == 0
-        finally:
-            for c in channels:
-                await c.close()
-            for srv in servers[1:]:
-                await srv.stop(0)
 
     asyncio.run(main())
