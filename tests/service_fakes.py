@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import sqlite3
 import threading
 import time
@@ -531,6 +532,34 @@ SUBJECTS = (
     ("analyst", "analyst-1"),
     ("admin", "admin"),
 )
+
+
+@dataclass
+class Daemon:
+    proc: Any  # asyncio.subprocess.Process
+    port: int
+
+
+class DaemonCluster(RealCluster):
+    """The party daemons as processes of their own (RealCluster runs them in this
+    process), so that a signal can kill or freeze one alone."""
+
+    async def start(self) -> None:
+        from party_harness import spawn_party
+
+        self.servers = []
+        for s in self.dep.settings:
+            proc, port = await spawn_party(s, self.root / f"party{s.index}.log")
+            self.servers.append(Daemon(proc, port))
+
+    async def stop(self) -> None:
+        for d in self.servers:
+            if d.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(d.proc.pid, signal.SIGCONT)  # a frozen one, too
+                    d.proc.terminate()
+                await d.proc.wait()
+        self.servers = []
 
 
 @dataclass

@@ -18,13 +18,10 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from party_harness import spawn_party
-from service_fakes import RealCluster, Stack, horizontal_setup, make_stack, wait_final
+from service_fakes import DaemonCluster, Stack, horizontal_setup, make_stack, wait_final
 
 from ppfs.engines.mpspdz import MpSpdzEngine
 from ppfs.engines.registry import mpspdz_home
@@ -41,30 +38,6 @@ BOUND = 30.0
 # how far the victim's job is (its progress as the gateway shows it) when it is killed:
 # its program has reached the mean-split thresholds, the bulk of the computation
 INTO_THE_RUN = 0.2
-
-
-@dataclass
-class Daemon:
-    proc: Any  # asyncio.subprocess.Process
-    port: int
-
-
-class DaemonCluster(RealCluster):
-    """The party daemons as processes of their own, so that one can be killed alone."""
-
-    async def start(self) -> None:
-        self.servers = []
-        for s in self.dep.settings:
-            proc, port = await spawn_party(s, self.root / f"party{s.index}.log")
-            self.servers.append(Daemon(proc, port))
-
-    async def stop(self) -> None:
-        for d in self.servers:
-            if d.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    d.proc.terminate()
-                await d.proc.wait()
-        self.servers = []
 
 
 def _children() -> dict[int, list[int]]:

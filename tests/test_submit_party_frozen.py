@@ -15,16 +15,14 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from party_harness import spawn_party
 from service_fakes import (
+    DaemonCluster,
     FakeCluster,
     FakeParty,
-    RealCluster,
     Stack,
     horizontal_setup,
     make_stack,
@@ -40,32 +38,6 @@ ANSWER_SECONDS = 5.0
 # a frozen party was found only by gRPC keepalive (60 s + 20 s) or the upload's deadline
 # (120 s) before; bounded well below that and well above the 5 s on a loaded machine
 BOUND = 30.0
-
-
-@dataclass
-class Daemon:
-    proc: Any  # asyncio.subprocess.Process
-    port: int
-
-
-class DaemonCluster(RealCluster):
-    """The party daemons as processes of their own (RealCluster runs them in this
-    process, where no signal could stop one alone)."""
-
-    async def start(self) -> None:
-        self.servers = []
-        for s in self.dep.settings:
-            proc, port = await spawn_party(s, self.root / f"party{s.index}.log")
-            self.servers.append(Daemon(proc, port))
-
-    async def stop(self) -> None:
-        for d in self.servers:
-            if d.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(d.proc.pid, signal.SIGCONT)
-                    d.proc.terminate()
-                await d.proc.wait()
-        self.servers = []
 
 
 @pytest.fixture
