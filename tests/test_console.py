@@ -10,7 +10,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -248,31 +247,6 @@ def test_metrics_move_with_a_job_and_json_logs_hold_no_secret(up: UpStack) -> No
 
 
 # ------------------------------------------------------------------------- browser
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("headless Chromium is not installed (apt-get install chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,900", "--hide-scrollbars", "--force-device-scale-factor=1"):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(60)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
 
 def _shot(driver, where: Path, name: str) -> None:
     """Save a screenshot of the whole page (height fitted to the content)."""

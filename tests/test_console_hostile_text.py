@@ -8,7 +8,6 @@ labels, classes); a party's status texts are relayed as the party wrote them."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,33 +17,10 @@ from service_fakes import Stack, horizontal_setup, make_stack
 
 from ppfs.v1 import party_pb2 as pb
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-
 # reverses what follows it; a zero-width space; a line separator; markup
 PHASE = "ranking\u202e \u200bdone<img src=x onerror=alert(1)>\u2028"
 # the input checks failed, says Carol, and she would have "reported by Carol" unreadable
 ERROR = "Bob altered its share\u202e"
-
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("headless Chromium is not installed (apt-get install chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,900"):
-        opts.add_argument(arg)
-    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
