@@ -54,6 +54,10 @@ IDENTITY_REFRESH_SECONDS = 60.0
 # back soon after it is
 STOPPING_REFRESH_SECONDS = 5.0
 
+# What gRPC's asyncio client reports, in place of the party's status, for a streaming
+# call whose message it was still writing when the party answered and closed the call
+LOST_STATUS = "Internal error from Core"
+
 _REJECTED = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.FAILED_PRECONDITION,
@@ -171,6 +175,14 @@ class PartyClient:
         try:
             return await self.stub.PutUploadPart(chunks(), timeout=seconds)
         except aio.AioRpcError as exc:
+            if (exc.code(), exc.details()) == (grpc.StatusCode.INTERNAL, LOST_STATUS):
+                # the party answered and closed the call while the part was still being
+                # written: it refused it (a party that went away gives UNAVAILABLE)
+                log.warning("[Gateway.the upload] party=%s ended the call early", self.name)
+                raise PartyRejected(
+                    f"{self.name} refused the upload before all of it was sent (its "
+                    "reason did not reach the gateway: gRPC reports the write it cut "
+                    "short instead)") from None
             raise self._error(exc, "the upload", seconds) from None
 
     async def decide_upload(
