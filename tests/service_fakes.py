@@ -44,6 +44,7 @@ from ppfs.contract import (
 )
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.fixedpoint import FixedPoint
+from ppfs.holdings import Held, HoldingsStatement
 from ppfs.keycert import KEY_VALIDITY, TrustAnchor, certify_party_keys
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
 from ppfs.sharing import ShareBundle, components_from_bundles, reconstruct
@@ -178,6 +179,16 @@ class FakeParty(pb_grpc.PartyServiceServicer):
         ]
         return pb.ListUploadsResponse(dataset_id=request.dataset_id,
                                       uploads=sorted(held, key=lambda h: h.upload_id))
+
+    async def StateHoldings(self, request: Any, context: Any) -> pb.StateHoldingsResponse:
+        held = tuple(Held(u, m.digest(), m.rows, st)
+                     for where, st in ((self.uploads, "committed"), (self.staged, "staged"))
+                     for u, (m, _) in sorted(where.items())
+                     if m.dataset_id == request.dataset_id and m.owner_id == request.owner_id)
+        statement, signature = HoldingsStatement(
+            self.index, request.owner_id, request.dataset_id, request.challenge.hex(),
+            held).sign(self.signing)
+        return pb.StateHoldingsResponse(statement=statement, signature=signature)
 
     async def GetDataset(self, request: Any, context: Any) -> pb.DatasetInfo:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "fake")

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ppfs_client.sdk import ApiError, build_upload
+from ppfs_client.sdk import ApiError, UploadNotConfirmed, build_upload
 from service_fakes import (
     RealCluster,
     Stack,
@@ -108,7 +108,10 @@ def test_a_party_that_expired_a_part_the_others_committed_is_repaired_by_its_own
         s.loop.run(stores[2].expire_staged(time.time() + 2 * DAY))
 
     monkeypatch.setattr(Registry, "commit_upload", commit_while_carol_is_away)
-    a.upload_table(s.keys["owner-a"], owner_table(t), ds)
+    # the owner is told at once: Carol's own signed statement does not list it
+    with pytest.raises(UploadNotConfirmed, match="Carol did not confirm it holds it: its "
+                       "signed statement does not list upload .* datasets repair"):
+        a.upload_table(s.keys["owner-a"], owner_table(t), ds)
     monkeypatch.undo()
     (uid,) = a.get_dataset(ds)["upload_ids"]
     assert a.get_dataset(ds)["rows"] == 20  # it stands: Alice and Bob committed it

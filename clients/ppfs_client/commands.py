@@ -114,6 +114,19 @@ def add_commands(sub: Any) -> None:
     repair.add_argument("dataset_id")
     _conn_args(repair)
     repair.set_defaults(func=_datasets_repair)
+    holdings = dsub.add_parser(
+        "holdings",
+        help="(owner) what every party holds of your uploads of a data set, signed by it",
+        description="Ask every party what it holds of your uploads of DATASET. A fresh "
+        "random challenge goes to every party; each answers with a statement signed by "
+        "its certified key, which this command checks, so the gateway can neither forge "
+        "nor replay one. Checks every upload of yours the gateway records against them: "
+        "each must be held committed, under the manifest recorded, by every party. "
+        "Exit 0 only when every party answered and holds all of them.",
+    )
+    holdings.add_argument("dataset_id")
+    _conn_args(holdings)
+    holdings.set_defaults(func=_datasets_holdings)
     withdraw = dsub.add_parser(
         "withdraw",
         help="(owner) delete every upload you made into a data set from every party",
@@ -398,6 +411,8 @@ def _upload(args: argparse.Namespace) -> int:
         f"({ds['rows']} rows in total)",
         file=sys.stderr,
     )
+    print("held committed by " + ", ".join(inline(str(n)) for n in ds["confirmed_by"])
+          + ", each by its signed statement", file=sys.stderr)
     return 0
 
 
@@ -505,6 +520,40 @@ def _datasets_repair(args: argparse.Namespace) -> int:
         print("nothing of yours to repair", file=sys.stderr)
     _out(args, c, _check_text(c))
     return 0 if c["consistent"] else EXIT_FAILED
+
+
+@_guard
+def _datasets_holdings(args: argparse.Namespace) -> int:
+    keys = _keys(args)
+    with _client(args) as client:
+        h = client.holdings(keys, args.dataset_id)
+        recorded = {str(u["upload_id"]): str(u.get("manifest_sha256", ""))
+                    for u in client.check_dataset(args.dataset_id)["recorded"]
+                    if u["owner_id"] == keys.subject}
+    short = []  # (party, why) for every upload of yours the gateway records
+    for upload_id, digest in sorted(recorded.items()):
+        short += [(n, why) for n, why in h.missing(upload_id, digest)
+                  if (n, why) not in h.unconfirmed]
+    for name, held in h.confirmed:
+        kinds = {st: sum(u.status == st for u in held) for st in ("committed", "staged",
+                                                                   "damaged")}
+        said = ", ".join(f"{k} {st}" for st, k in kinds.items() if k) or "none of your uploads"
+        print(f"{inline(name)}: holds {said} (its signed statement)", file=sys.stderr)
+    for name, why in short:
+        print(f"{inline(name)}: NOT holding: {inline(why)}", file=sys.stderr)
+    _unconfirmed(h.unconfirmed, f"did not state what it holds of {h.dataset_id}",
+                 f"ppfs datasets holdings {h.dataset_id}")
+    _out(args, {"dataset_id": h.dataset_id,
+                "confirmed": [{"party": n, "uploads": [
+                    {"upload_id": u.upload_id, "manifest_sha256": u.manifest_sha256,
+                     "rows": u.rows, "status": u.status} for u in held]}
+                    for n, held in h.confirmed],
+                "not_holding": [{"party": n, "reason": why} for n, why in short],
+                "unconfirmed": [{"party": n, "reason": why} for n, why in h.unconfirmed]},
+         f"{len(recorded)} upload(s) of yours recorded in {h.dataset_id}; "
+         f"{len(h.confirmed)} of {len(h.confirmed) + len(h.unconfirmed)} parties answered"
+         + ("" if not short else f"; {len(short)} not held as recorded"))
+    return EXIT_FAILED if h.unconfirmed or short else 0
 
 
 @_guard

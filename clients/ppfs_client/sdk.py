@@ -46,6 +46,7 @@ from ppfs.contract import (
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import ParameterError, PpfsError, ShareFormatError
 from ppfs.fixedpoint import FixedPoint
+from ppfs.holdings import Held, new_challenge, open_holdings
 from ppfs.keycert import NoTrustAnchor, TrustAnchor, UntrustedPartyKey, verify_party_keys
 from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.step2a import draw_mask_words, unmask_all
@@ -85,6 +86,11 @@ EVENT_SILENCE = 90.0
 class RefusedAnswer(PpfsError):
     """An answer of the gateway's that the client refuses (it does not parse, or it says
     what the client knows otherwise); nothing is done with it."""
+
+
+class UploadNotConfirmed(RefusedAnswer):
+    """The gateway says an upload was added, but a party did not confirm, by its own
+    signed statement, that it holds the upload committed."""
 
 
 class ApiError(PpfsError):
@@ -181,6 +187,31 @@ class Revoked:
     confirmed: tuple[tuple[str, int], ...]
     unconfirmed: tuple[tuple[str, str], ...]
     removed: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """What each party states, signed with its own key, that it holds of an owner's
+    uploads of a data set (answering the owner's fresh challenge), and the parties whose
+    statement did not come or did not check, with why."""
+
+    dataset_id: str
+    confirmed: tuple[tuple[str, tuple[Held, ...]], ...]
+    unconfirmed: tuple[tuple[str, str], ...]
+
+    def missing(self, upload_id: str, manifest_sha256: str) -> list[tuple[str, str]]:
+        """(party name, why) for every party not confirming that it holds the upload
+        of this manifest committed."""
+        out = list(self.unconfirmed)
+        for name, held in self.confirmed:
+            h = next((u for u in held if u.upload_id == upload_id), None)
+            if h is None:
+                out.append((name, f"its signed statement does not list upload {upload_id}"))
+            elif h.manifest_sha256 != manifest_sha256:
+                out.append((name, f"it holds another manifest under upload id {upload_id}"))
+            elif h.status != "committed":
+                out.append((name, f"it holds upload {upload_id} {h.status}, not committed"))
+        return out
 
 
 R = TypeVar("R")
@@ -606,8 +637,13 @@ class GatewayClient:
         progress: Progress | None = None,
         again: bool = False,
         source: str = "",
+        confirm: bool = True,
     ) -> dict[str, Any]:
-        """Encode, share, seal and send ``table`` into ``dataset_id``. RepeatedUpload,
+        """Encode, share, seal and send ``table`` into ``dataset_id``. With ``confirm``
+        (the default), every party must then state, signed with its own key and
+        answering a fresh challenge, that it holds the upload committed
+        (:meth:`holdings`): UploadNotConfirmed, naming the party, otherwise, since the
+        gateway's word that it was added is not enough. RepeatedUpload,
         before anything is sent, if this key file already sent the same rows into that
         data set (:meth:`refuse_repeated_upload`; ``again=True``: send them once more all
         the same). ``source``: where the table was read from, for that message."""
@@ -620,7 +656,7 @@ class GatewayClient:
         # upload whose answer never came is checked against what became of it
         save_sent(keys, dataset_id, body, table_sha256=digest)
         try:
-            return self.post_upload(dataset_id, body, progress)
+            added = self.post_upload(dataset_id, body, progress)
         except ApiError as exc:
             if exc.status != 0:
                 raise
@@ -633,6 +669,19 @@ class GatewayClient:
                 f"{dataset_id}) once the gateway answers is safe: the rows are sent again "
                 f"only if upload {upload_id} was neither added nor is still held by a party"
             )) from None
+        if confirm:
+            upload_id = str(body["upload_id"])
+            digest = hashlib.sha256(base64.b64decode(body["manifest"])).hexdigest()
+            missing = self.holdings(keys, dataset_id, dep).missing(upload_id, digest)
+            if missing:
+                raise UploadNotConfirmed(
+                    f"the gateway says upload {upload_id} was added to data set "
+                    f"{dataset_id}, but " + "; ".join(f"{n} did not confirm it holds it: "
+                                                      f"{why}" for n, why in missing)
+                    + f". `ppfs datasets holdings {dataset_id}` asks the parties again; "
+                    f"`ppfs datasets repair {dataset_id}` re-sends a part a party lost")
+            added["confirmed_by"] = [p.name for p in dep.parties]
+        return added
 
     def refuse_repeated_upload(
         self, keys: ClientKeys, dataset_id: str, digest: str, *, source: str = ""
@@ -702,6 +751,23 @@ class GatewayClient:
                 )
                 done.append((upload_id, p["name"]))
         return done
+
+    def holdings(self, keys: ClientKeys, dataset_id: str,
+                 deployment: Deployment | None = None) -> Holdings:
+        """What every party holds of this owner's uploads of the data set, each in its
+        own words: a fresh random challenge goes to every party through the gateway, and
+        each party's statement is checked against its certified key and the challenge
+        (the gateway can neither forge one nor replay an old one)."""
+        dep = deployment or self.deployment()
+        challenge = new_challenge()
+        got = _as_object(self._call(
+            "POST", f"/v1/datasets/{dataset_id}/holdings",
+            {"challenge": base64.b64encode(challenge).decode()}), "a statement of holdings")
+        confirmed, unconfirmed = _receipts(
+            dep, got, lambda party, statement, sig: open_holdings(
+                keys.subject, dataset_id, challenge, party.index, party.name,
+                party.signing_public_key, statement, sig).uploads)
+        return Holdings(dataset_id, tuple(confirmed), tuple(unconfirmed))
 
     def withdraw(self, keys: ClientKeys, dataset_id: str,
                  deployment: Deployment | None = None) -> Withdrawn:

@@ -666,8 +666,10 @@ def _demo_flow(stack: Stack, layout: StackLayout, args: argparse.Namespace, engi
         client("analyst") as analyst,
     ):
         ds_a = a.create_dataset("demo-hospital-a")
-        a.upload_table(keys("owner-a"), part(slice(0, half)), ds_a["id"])
-        print(f"demo: owner-a uploaded {half} rows as data set {ds_a['id']}", file=sys.stderr)
+        held = a.upload_table(keys("owner-a"), part(slice(0, half)), ds_a["id"])
+        print(f"demo: owner-a uploaded {half} rows as data set {ds_a['id']} (held committed "
+              f"by {', '.join(held['confirmed_by'])}, each by its signed statement)",
+              file=sys.stderr)
         admin.grant(ds_a["id"], "owner-b")
         exps = b.get_dataset(ds_a["id"])["column_exponents"]
         ds_b = b.create_dataset("demo-hospital-b")

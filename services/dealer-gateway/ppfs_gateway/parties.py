@@ -233,6 +233,17 @@ class PartyClient:
         except aio.AioRpcError as exc:
             raise self._error(exc, "RevokeConsents", self.rpc_seconds) from None
 
+    async def state_holdings(self, dataset_id: str, owner_id: str, challenge: bytes
+                             ) -> pb.StateHoldingsResponse:
+        """The party's signed statement of what it holds of an owner's uploads of a
+        data set, answering the owner's challenge."""
+        try:
+            return await self.stub.StateHoldings(
+                pb.StateHoldingsRequest(dataset_id=dataset_id, owner_id=owner_id,
+                                        challenge=challenge), timeout=self.rpc_seconds)
+        except aio.AioRpcError as exc:
+            raise self._error(exc, "StateHoldings", self.rpc_seconds) from None
+
     async def start_job(self, req: pb.StartJobRequest) -> pb.StartJobResponse:
         try:
             return await self.stub.StartJob(req, timeout=self.rpc_seconds)

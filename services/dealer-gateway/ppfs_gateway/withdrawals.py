@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from ppfs.contract import Consent
 from ppfs.errors import PpfsError
+from ppfs.holdings import HoldingsRequestError, check_request
 from ppfs.v1 import party_pb2 as pb
 from ppfs.withdrawal import Revocation, Withdrawal, WithdrawalError
 from ppfs_gateway.auth import Principal
@@ -89,6 +90,23 @@ async def relay_revocation(registry: Registry, parties: Parties, ds: DatasetReco
     return Relayed(hashlib.sha256(statement).hexdigest(), tuple(removed), tuple(answers))
 
 
+async def relay_holdings(parties: Parties, ds: DatasetRecord, who: Principal,
+                         challenge: bytes) -> tuple[PartyAnswer, ...]:
+    """Ask every party what it holds of the caller's own uploads of ``ds``, answering
+    the caller's challenge; each party's signed statement, or why it gave none. The
+    gateway asks only about the caller's own uploads: its answer could not be trusted
+    anyway, the statements are for the owner to check."""
+    try:
+        check_request(who.subject, ds.id, challenge)
+    except HoldingsRequestError as exc:
+        raise InvalidRequest(str(exc)) from None
+    answers = await _ask_every_party(
+        parties, lambda c: c.state_holdings(ds.id, who.subject, challenge))
+    log.info("[Gateway.Holdings] dataset=%s owner=%s parties answered=%d/%d", ds.id,
+             who.subject, sum(not a.error for a in answers), len(answers))
+    return tuple(answers)
+
+
 S = TypeVar("S", Withdrawal, Revocation)
 
 
@@ -110,9 +128,11 @@ def _owners_own(parse: Callable[[bytes], S], statement: bytes, who: Principal,
 async def _ask_every_party(
     parties: Parties,
     call: Callable[[PartyClient], Awaitable[pb.WithdrawUploadsResponse
-                                            | pb.RevokeConsentsResponse]],
+                                            | pb.RevokeConsentsResponse
+                                            | pb.StateHoldingsResponse]],
 ) -> list[PartyAnswer]:
-    """Every party's receipt, or why it gave none, asked all at once."""
+    """Every party's receipt (or signed statement), or why it gave none, asked all at
+    once."""
 
     async def one(i: int) -> PartyAnswer:
         c = parties.clients[i]
@@ -120,6 +140,8 @@ async def _ask_every_party(
             got = await call(c)
         except PpfsError as exc:
             return PartyAnswer(i, c.name, error=str(exc)[:300])
+        if isinstance(got, pb.StateHoldingsResponse):
+            return PartyAnswer(i, c.name, got.statement, got.signature)
         return PartyAnswer(i, c.name, got.receipt, got.receipt_signature)
 
     return list(await asyncio.gather(*(one(i) for i in range(len(parties)))))

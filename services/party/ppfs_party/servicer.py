@@ -256,3 +256,11 @@ class PartyServicer(party_pb2_grpc.PartyServiceServicer):
             SignedRevocation(request.statement, request.signature))
         blob, signature = receipt.sign(self.state.keys.signing)
         return party_pb2.RevokeConsentsResponse(receipt=blob, receipt_signature=signature)
+
+    @_unary
+    async def StateHoldings(self, request: party_pb2.StateHoldingsRequest,
+                            context: grpc.aio.ServicerContext[Any, Any]
+                            ) -> party_pb2.StateHoldingsResponse:
+        statement, signature = self.state.holdings(request.owner_id, request.dataset_id,
+                                                   request.challenge)
+        return party_pb2.StateHoldingsResponse(statement=statement, signature=signature)

@@ -14,6 +14,7 @@ from ppfs.engines.base import Engine
 from ppfs.engines.mpspdz import MpSpdzEngine
 from ppfs.engines.mpyc_engine import MpycEngine
 from ppfs.engines.registry import mpspdz_home
+from ppfs.holdings import Held, HoldingsStatement, check_request
 from ppfs.v1 import party_pb2
 from ppfs.withdrawal import SignedWithdrawal, Withdrawal, WithdrawalError, WithdrawalReceipt
 from ppfs_party.audit import AuditLog
@@ -79,6 +80,18 @@ class PartyState:
             deleted=tuple(sorted(u.manifest.upload_id for u in deleted)),
             held=len(self.store.covered_uploads(w.covers)))
         return receipt.sign(self.keys.signing)
+
+    def holdings(self, owner_id: str, dataset_id: str, challenge: bytes
+                 ) -> tuple[bytes, bytes]:
+        """What this party holds of ``owner_id``'s uploads of ``dataset_id``
+        (committed, staged or set aside as damaged), answering the owner's challenge:
+        the statement, signed with this party's key, and its signature."""
+        check_request(owner_id, dataset_id, challenge)
+        held = tuple(Held(u.manifest.upload_id, u.manifest.digest(), u.manifest.rows, status)
+                     for u, status in self.store.listing(dataset_id)
+                     if u.manifest.owner_id == owner_id)
+        return HoldingsStatement(self.settings.index, owner_id, dataset_id, challenge.hex(),
+                                 held).sign(self.keys.signing)
 
     def dataset_info(self, dataset_id: str) -> party_pb2.DatasetInfo:
         uploads = self.store.dataset_uploads(dataset_id)

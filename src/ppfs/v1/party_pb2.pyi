@@ -453,3 +453,21 @@ class RevokeConsentsResponse(_message.Message):
     receipt: bytes
     receipt_signature: bytes
     def __init__(self, receipt: _Optional[bytes] = ..., receipt_signature: _Optional[bytes] = ...) -> None: ...
+
+class StateHoldingsRequest(_message.Message):
+    __slots__ = ("dataset_id", "owner_id", "challenge")
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    owner_id: str
+    challenge: bytes
+    def __init__(self, dataset_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., challenge: _Optional[bytes] = ...) -> None: ...
+
+class StateHoldingsResponse(_message.Message):
+    __slots__ = ("statement", "signature")
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    statement: bytes
+    signature: bytes
+    def __init__(self, statement: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...

@@ -99,6 +99,11 @@ class PartyServiceStub:
                 request_serializer=ppfs_dot_v1_dot_party__pb2.RevokeConsentsRequest.SerializeToString,
                 response_deserializer=ppfs_dot_v1_dot_party__pb2.RevokeConsentsResponse.FromString,
                 _registered_method=True)
+        self.StateHoldings = channel.unary_unary(
+                '/ppfs.v1.PartyService/StateHoldings',
+                request_serializer=ppfs_dot_v1_dot_party__pb2.StateHoldingsRequest.SerializeToString,
+                response_deserializer=ppfs_dot_v1_dot_party__pb2.StateHoldingsResponse.FromString,
+                _registered_method=True)
 
 
 class PartyServiceServicer:
@@ -208,6 +213,16 @@ class PartyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StateHoldings(self, request, context):
+        """State, signed with this party's key, what it holds of one owner's uploads of a data
+        set (ppfs.holdings.HoldingsStatement: each upload's id, manifest digest, rows and
+        status), answering the owner's fresh challenge: the owner checks its uploads are
+        held without taking the gateway's word. Public metadata only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -275,6 +290,11 @@ def add_PartyServiceServicer_to_server(servicer, server):
                     servicer.RevokeConsents,
                     request_deserializer=ppfs_dot_v1_dot_party__pb2.RevokeConsentsRequest.FromString,
                     response_serializer=ppfs_dot_v1_dot_party__pb2.RevokeConsentsResponse.SerializeToString,
+            ),
+            'StateHoldings': grpc.unary_unary_rpc_method_handler(
+                    servicer.StateHoldings,
+                    request_deserializer=ppfs_dot_v1_dot_party__pb2.StateHoldingsRequest.FromString,
+                    response_serializer=ppfs_dot_v1_dot_party__pb2.StateHoldingsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -628,6 +648,33 @@ class PartyService:
             '/ppfs.v1.PartyService/RevokeConsents',
             ppfs_dot_v1_dot_party__pb2.RevokeConsentsRequest.SerializeToString,
             ppfs_dot_v1_dot_party__pb2.RevokeConsentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StateHoldings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ppfs.v1.PartyService/StateHoldings',
+            ppfs_dot_v1_dot_party__pb2.StateHoldingsRequest.SerializeToString,
+            ppfs_dot_v1_dot_party__pb2.StateHoldingsResponse.FromString,
             options,
             channel_credentials,
             insecure,

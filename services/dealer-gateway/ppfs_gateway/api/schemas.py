@@ -188,6 +188,18 @@ class WithdrawalOut(BaseModel):
     parties: list[PartyReceiptOut]
 
 
+class HoldingsAsk(Strict):
+    challenge: Base64 = Field(max_length=64, description="32 random bytes the owner's "
+                              "client chose, which every party's statement must answer")
+
+
+class HoldingsOut(BaseModel):
+    dataset_id: str
+    parties: list[PartyReceiptOut] = Field(
+        description="each party's signed statement of what it holds of the caller's "
+        "uploads (ppfs.holdings.HoldingsStatement) in `receipt`, or why it gave none")
+
+
 class GrantCreate(Strict):
     subject: Identifier
 

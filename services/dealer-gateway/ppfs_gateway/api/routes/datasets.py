@@ -22,6 +22,8 @@ from ppfs_gateway.api.schemas import (
     GrantCreate,
     GrantOut,
     HeldUploadOut,
+    HoldingsAsk,
+    HoldingsOut,
     PartyHoldingOut,
     PartyReceiptOut,
     RecordedUploadOut,
@@ -43,7 +45,12 @@ from ppfs_gateway.uploads import (
     relay_upload,
     visible_dataset,
 )
-from ppfs_gateway.withdrawals import Relayed, relay_revocation, relay_withdrawal
+from ppfs_gateway.withdrawals import (
+    Relayed,
+    relay_holdings,
+    relay_revocation,
+    relay_withdrawal,
+)
 
 # consents one owner may keep for one data set (each a few hundred bytes, relayed with
 # every job on the data set)
@@ -228,6 +235,23 @@ async def revoke_consents(
         jobs.registry, jobs.parties, ds, who, b64decode(body.statement, "statement"),
         b64decode(body.signature, "signature"))
     return relayed_out(ds.id, out)
+
+
+@router.post("/v1/datasets/{dataset_id}/holdings", response_model=HoldingsOut)
+async def holdings(
+    dataset_id: str, body: HoldingsAsk, who: PrincipalDep, jobs: JobsDep
+) -> HoldingsOut:
+    """Every party's statement, signed with its own key, of what it holds of the
+    caller's uploads of the data set, answering the caller's challenge: an owner checks
+    that its uploads are held without taking the gateway's word."""
+    ds = visible_dataset(jobs.registry, dataset_id, who)
+    answers = await relay_holdings(jobs.parties, ds, who,
+                                   b64decode(body.challenge, "challenge"))
+    return HoldingsOut(
+        dataset_id=ds.id,
+        parties=[PartyReceiptOut(index=a.index, name=a.name, receipt=b64encode(a.receipt),
+                                 receipt_signature=b64encode(a.receipt_signature),
+                                 error=a.error) for a in answers])
 
 
 def relayed_out(dataset_id: str, out: Relayed) -> WithdrawalOut:

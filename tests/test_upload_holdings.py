@@ -1,0 +1,159 @@
+"""An owner checks that its upload is held by every party, in each party's own signed
+words, and a turned gateway that says an upload was added when a party does not hold
+it, or that forges, swaps or replays a party's statement, is caught.
+
+Real party daemons (in this process, over gRPC) and the real gateway; the gateway is
+turned by replacing its calls to the parties (ppfs_gateway.parties.PartyClient)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nacl.signing import SigningKey
+from ppfs_client.sdk import UploadNotConfirmed
+from ppfs_gateway.parties import PartyClient
+from service_fakes import RealCluster, Stack, make_stack, owner_table, run_cli
+
+from ppfs.holdings import HoldingsStatement
+from ppfs.synthetic import make_table
+from ppfs.v1 import party_pb2 as pb
+
+pytest.importorskip("ppfs_party.server", reason="the party daemon (ppfs_party) is not built")
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",)))
+    yield s
+    s.close()
+
+
+def _csv(tmp_path: Path, rows: int, seed: int) -> Path:
+    t = make_table(rows, 3, seed=seed)
+    path = tmp_path / f"data-{seed}.csv"
+    lines = [",".join([*t.columns, "label"])]
+    lines += [",".join([*(repr(float(v)) for v in t.x[i]), str(t.y[i])]) for i in range(t.m)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _held_at(s: Stack, party: int, ds: str) -> dict[str, str]:
+    store = s.cluster.servers[party].state.store
+    return {u.manifest.upload_id: status for u, status in store.listing(ds)}
+
+
+def test_an_upload_is_confirmed_by_every_partys_signed_statement(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = stack
+    rc, out, err = run_cli(capsys, s, "owner-a", "upload", str(_csv(tmp_path, 12, 1)),
+                           "--label", "label", "--dataset", "held")
+    assert rc == 0, err
+    assert "held committed by Alice, Bob, Carol, each by its signed statement" in err
+    ds = out.strip()
+    rc, _, err = run_cli(capsys, s, "owner-a", "datasets", "holdings", ds)
+    assert rc == 0, err
+    for name in ("Alice", "Bob", "Carol"):
+        assert f"{name}: holds 1 committed (its signed statement)" in err, err
+    # another owner holds nothing of its own there, and is told so
+    s.client("admin").grant(ds, "owner-b")
+    rc, _, err = run_cli(capsys, s, "owner-b", "datasets", "holdings", ds)
+    assert rc == 0 and "Carol: holds none of your uploads" in err, err
+
+
+def test_a_gateway_that_never_commits_a_part_cannot_tell_the_owner_it_was_added(
+    stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = stack
+    a = s.client("owner-a")
+    ds = a.create_dataset("withheld")["id"]
+    t = make_table(20, 3, seed=3)
+    a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, 10)), ds)
+    decide = PartyClient.decide_upload
+
+    async def turned(self: PartyClient, dataset_id: str, upload_id: str, commit: bool,
+                     timeout: float | None = None) -> Any:
+        if self.index == 2 and commit:  # Carol's commit, acknowledged in her name
+            return pb.UploadDecisionResponse(upload_id=upload_id,
+                                             status=pb.UPLOAD_STATUS_COMMITTED)
+        return await decide(self, dataset_id, upload_id, commit, timeout)
+
+    monkeypatch.setattr(PartyClient, "decide_upload", turned)
+    exps = a.get_dataset(ds)["column_exponents"]
+    with pytest.raises(UploadNotConfirmed) as info:
+        a.upload_table(s.keys["owner-a"], owner_table(t, slice(10, 20)), ds, exponents=exps)
+    said = str(info.value)
+    assert "Carol did not confirm it holds it: it holds upload" in said, said
+    assert "staged, not committed" in said and "Alice" not in said and "Bob" not in said
+    assert sorted(_held_at(s, 2, ds).values()) == ["committed", "staged"]
+    # and the gateway's record says it was added: the owner's check names Carol
+    assert len(a.get_dataset(ds)["upload_ids"]) == 2
+    rc, _, err = run_cli(capsys, s, "owner-a", "datasets", "holdings", ds)
+    assert rc == 1 and "Carol: NOT holding: it holds upload" in err, err
+    assert "Alice: holds 2 committed" in err and "Carol: holds 1 committed, 1 staged" in err
+
+
+def test_a_gateway_that_forges_swaps_or_replays_a_statement_is_caught(
+    stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = stack
+    a = s.client("owner-a")
+    ds = a.create_dataset("statements")["id"]
+    t = make_table(40, 3, seed=5)
+    a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, 10)), ds)
+    relay = PartyClient.state_holdings
+    kept: dict[int, pb.StateHoldingsResponse] = {}
+
+    async def recording(self: PartyClient, dataset_id: str, owner_id: str,
+                        challenge: bytes) -> Any:
+        kept[self.index] = await relay(self, dataset_id, owner_id, challenge)
+        return kept[self.index]
+
+    monkeypatch.setattr(PartyClient, "state_holdings", recording)
+    assert run_cli(capsys, s, "owner-a", "datasets", "holdings", ds)[0] == 0
+    own_key = SigningKey.generate()  # the gateway's: not a party's certified key
+    clients: dict[int, PartyClient] = {}
+
+    def turned(how: str) -> Any:
+        async def state_holdings(self: PartyClient, dataset_id: str, owner_id: str,
+                                 challenge: bytes) -> Any:
+            clients[self.index] = self
+            if self.index != 2:
+                return await relay(self, dataset_id, owner_id, challenge)
+            if how == "forged":  # Carol never asked; the gateway answers in her name
+                real = HoldingsStatement.from_bytes(kept[2].statement)
+                blob, sig = HoldingsStatement(2, owner_id, dataset_id, challenge.hex(),
+                                              real.uploads).sign(own_key)
+                return pb.StateHoldingsResponse(statement=blob, signature=sig)
+            if how == "swapped":  # Alice's real statement, as Carol's
+                return await relay(clients[0], dataset_id, owner_id, challenge)
+            return kept[2]  # Carol's real statement, answering an earlier challenge
+        return state_holdings
+
+    for k, (how, why) in enumerate((
+            ("forged", "Carol's receipt is not signed by Carol's certified key"),
+            ("swapped", "Carol's receipt is not signed by Carol's certified key"),
+            ("replayed", "Carol's statement of holdings answers another request")), 1):
+        monkeypatch.setattr(PartyClient, "state_holdings", turned(how))
+        rc, _, err = run_cli(capsys, s, "owner-a", "datasets", "holdings", ds)
+        assert rc == 1 and f"Carol: NOT confirmed: {why}" in err, (how, err)
+        # every statement-only forgery leaves the parties holding the upload: one more
+        assert f"Alice: holds {k} committed" in err and f"Bob: holds {k} committed" in err
+        with pytest.raises(UploadNotConfirmed, match=f"Carol did not confirm it holds it: "
+                                                     f"{why}"):
+            a.upload_table(s.keys["owner-a"], owner_table(t, slice(10 * k, 10 * k + 10)), ds,
+                           exponents=a.get_dataset(ds)["column_exponents"])
+
+
+def test_a_party_refuses_a_request_without_a_proper_challenge(stack: Stack) -> None:
+    s = stack
+    party = s.cluster.servers[0].state
+    for owner, ds, challenge, why in (
+            ("owner-a", "d1", b"short", "32-byte challenge"),
+            ("owner a", "d1", bytes(32), "names its owner by subject id"),
+            ("owner-a", "../d1", bytes(32), "names its data set by id")):
+        with pytest.raises(Exception, match=why):
+            party.holdings(owner, ds, challenge)
