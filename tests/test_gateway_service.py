@@ -166,6 +166,40 @@ def test_lost_party_fails_job_in_time(tmp_path: Path) -> None:
         s.loop.stop()
 
 
+def test_a_party_whose_address_refuses_connections_fails_its_job_before_the_silence_limit(
+    tmp_path: Path,
+) -> None:
+    """A party daemon that is gone (its port closed: killed, or stopped before its engine
+    connected to the others) is named well before the silence limit, which is for a
+    party that may still be computing (frozen, overloaded, or cut off from the gateway
+    only); a restarted party would fail the job anyway."""
+    s = make_stack(tmp_path, party_lost_seconds=60.0)
+    try:
+        _, ids, _ = horizontal_setup(s)
+        s.cluster.hold = True
+        analyst = s.client("analyst-1")
+        job = analyst.submit(s.keys["analyst-1"], ids, label="label", k=2)
+        deadline = time.monotonic() + 10
+        while analyst.get_job(job["id"])["state"] != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        s.loop.run(s.cluster.stop_party(2))
+        t0 = time.monotonic()
+        seen = ""
+        while analyst.get_job(job["id"])["state"] == "running":
+            seen = analyst.get_job(job["id"])["parties"][2]["phase"] or seen
+            assert time.monotonic() - t0 < 30, "not named within half the silence limit"
+            time.sleep(0.2)
+        done = analyst.get_job(job["id"])
+        assert done["state"] == "failed" and done["error"] == "lost the connection to Carol", done
+        assert "its address refuses connections (stopped?)" in seen, seen
+    finally:
+        s.loop.loop.call_soon_threadsafe(s.cluster.release.set)
+        s.gateway.stop()
+        s.loop.run(s.cluster.stop())
+        s.loop.stop()
+
+
 def test_cancel_and_restart_reconciles(stack: Stack) -> None:
     _, ids, _ = horizontal_setup(stack)
     stack.cluster.hold = True

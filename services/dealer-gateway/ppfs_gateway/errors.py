@@ -72,6 +72,11 @@ class PartyUnavailable(GatewayError):
     type_slug = "party-unavailable"
 
 
+class PartyRefusesConnections(PartyUnavailable):
+    """Nothing listens at the party's address (its host answered, refusing the
+    connection): the daemon is not running there, not a slow network or a frozen one."""
+
+
 class PartyStopping(GatewayError):
     """A party was told to stop (its identity says so): it takes no new job until it is
     back. ``retry_after``: seconds until it has stopped at the latest (the Retry-After

@@ -60,6 +60,7 @@ from ppfs_gateway.errors import (
     IncompatibleSchemas,
     InvalidRequest,
     NotFound,
+    PartyRefusesConnections,
     PartyStopping,
     no_job_created,
 )
@@ -318,6 +319,10 @@ class JobCoordinator:
         self.poll_seconds = max(0.2, min(5.0, lost_seconds / 6))
         self.rpc_seconds = min(rpc_seconds, lost_seconds / 4)
         self.silence_seconds = lost_seconds - self.poll_seconds - self.rpc_seconds
+        # A party whose address refuses connections has no daemon running: its job is
+        # lost (a restarted party fails its unfinished jobs), so the wait is shorter,
+        # long enough for a port that is briefly closed to open again.
+        self.refused_seconds = min(self.silence_seconds, max(3 * self.poll_seconds, 5.0))
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._changed: dict[str, asyncio.Event] = {}
         # scheduling: at most max_concurrent jobs running, started in submission order
@@ -614,21 +619,31 @@ class JobCoordinator:
         stream = asyncio.create_task(self._stream(job_id, c))
         last_ok = time.monotonic()
         next_poll = last_ok
+        refused_since: float | None = None  # its address refuses connections since
         try:
             while not self._final(job_id):
                 if time.monotonic() >= next_poll:
                     try:
                         st = await c.get_job(job_id, timeout=self.rpc_seconds)
                         last_ok = time.monotonic()
+                        refused_since = None
                         await self._apply(job_id, c, st)
                     except NotFound:
                         await self._fail(job_id, f"{c.name} does not know the job")
-                    except GatewayError:
-                        silent = time.monotonic() - last_ok
-                        if silent > self.silence_seconds:
+                    except GatewayError as exc:
+                        now = time.monotonic()
+                        silent = now - last_ok
+                        if isinstance(exc, PartyRefusesConnections):
+                            refused_since = refused_since or now
+                        else:
+                            refused_since = None
+                        if silent > self.silence_seconds or (
+                                refused_since is not None
+                                and now - refused_since >= self.refused_seconds):
                             await self._fail(job_id, f"lost the connection to {c.name}")
                         else:
-                            self._note_silence(job_id, c, silent)
+                            self._note_silence(job_id, c, silent,
+                                               refused=refused_since is not None)
                     next_poll = time.monotonic() + self.poll_seconds
                 if self._final(job_id):
                     break
@@ -639,16 +654,21 @@ class JobCoordinator:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await stream
 
-    def _note_silence(self, job_id: str, c: PartyClient, silent: float) -> None:
+    def _note_silence(self, job_id: str, c: PartyClient, silent: float,
+                      refused: bool = False) -> None:
         """Show, as the party's phase, that it has not answered for ``silent`` seconds (a
-        frozen, overloaded or lost party), so that a watcher learns what the job waits
-        for before it fails; the party's next answer puts its own phase back."""
+        frozen, overloaded or lost party; ``refused``: its address refuses connections),
+        so that a watcher learns what the job waits for before it fails; the party's
+        next answer puts its own phase back."""
         job = self.registry.get_job(job_id)
         if job is None or job.state in FINAL_STATES:
             return
-        now = replace(job.parties[c.index],
-                      phase=f"no answer for {silent:.0f} s: frozen or overloaded? The job "
-                            f"fails at {self.lost_seconds:g} s of silence")
+        phase = (f"no answer for {silent:.0f} s: its address refuses connections (stopped?)."
+                 f" The job fails unless it is back within {self.refused_seconds:g} s"
+                 if refused else
+                 f"no answer for {silent:.0f} s: frozen or overloaded? The job fails at "
+                 f"{self.lost_seconds:g} s of silence")
+        now = replace(job.parties[c.index], phase=phase)
         if job.parties[c.index] != now:
             self.registry.set_party_state(job_id, now)
             self._notify(job_id)

@@ -26,7 +26,13 @@ from ppfs.keycert import TrustAnchor, UntrustedPartyKey, ca_fingerprint, verify_
 from ppfs.v1 import party_pb2 as pb
 from ppfs.v1 import party_pb2_grpc as pb_grpc
 from ppfs_gateway.core.config import PartyEndpoint, Settings
-from ppfs_gateway.errors import NotFound, PartyFailed, PartyRejected, PartyUnavailable
+from ppfs_gateway.errors import (
+    NotFound,
+    PartyFailed,
+    PartyRefusesConnections,
+    PartyRejected,
+    PartyUnavailable,
+)
 
 log = logging.getLogger("ppfs.gateway")
 
@@ -145,6 +151,10 @@ class PartyClient:
             return PartyUnavailable(
                 f"{self.name} did not answer {what} within {seconds:g} s (frozen or "
                 "overloaded?)")
+        if code == grpc.StatusCode.UNAVAILABLE and "Connection refused" in (exc.details() or ""):
+            # its host answered that nothing listens there: the daemon is not running
+            return PartyRefusesConnections(
+                f"{self.name} did not answer {what} ({code.name.lower()})")
         return PartyUnavailable(f"{self.name} did not answer {what} ({code.name.lower()})")
 
     async def ready(self, seconds: float) -> bool:
