@@ -109,8 +109,8 @@ def test_a_party_that_expired_a_part_the_others_committed_is_repaired_by_its_own
 
     monkeypatch.setattr(Registry, "commit_upload", commit_while_carol_is_away)
     # the owner is told at once: Carol's own signed statement does not list it
-    with pytest.raises(UploadNotConfirmed, match="Carol did not confirm it holds it: its "
-                       "signed statement does not list upload .* datasets repair"):
+    with pytest.raises(UploadNotConfirmed, match=r"Carol did not confirm it holds it: its "
+                       r"signed statement does not list upload .* datasets repair"):
         a.upload_table(s.keys["owner-a"], owner_table(t), ds)
     monkeypatch.undo()
     (uid,) = a.get_dataset(ds)["upload_ids"]

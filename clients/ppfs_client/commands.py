@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as dt
+import hashlib
 import json
 import os
 import sys
@@ -51,6 +52,7 @@ from ppfs_client.progress import (
     signature,
 )
 from ppfs_client.sdk import ApiError, GatewayClient, OwnerTable, RefusedAnswer
+from ppfs_client.sent import load_sent
 from ppfs_client.terminal import inline, printable
 
 EXIT_FAILED = 1
@@ -522,12 +524,23 @@ def _datasets_repair(args: argparse.Namespace) -> int:
     return 0 if c["consistent"] else EXIT_FAILED
 
 
+def _kept_manifest_sha256(keys: ClientKeys, upload_id: str) -> str:
+    """SHA-256 of the manifest this key file signed for the upload, as `ppfs upload`
+    kept it; "" if none is kept here (the gateway's record is then all there is)."""
+    try:
+        return hashlib.sha256(base64.b64decode(load_sent(keys, upload_id)["manifest"])
+                              ).hexdigest()
+    except (ParameterError, OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
 @_guard
 def _datasets_holdings(args: argparse.Namespace) -> int:
     keys = _keys(args)
     with _client(args) as client:
         h = client.holdings(keys, args.dataset_id)
-        recorded = {str(u["upload_id"]): str(u.get("manifest_sha256", ""))
+        recorded = {str(u["upload_id"]): _kept_manifest_sha256(keys, str(u["upload_id"]))
+                    or str(u.get("manifest_sha256", ""))
                     for u in client.check_dataset(args.dataset_id)["recorded"]
                     if u["owner_id"] == keys.subject}
     short = []  # (party, why) for every upload of yours the gateway records
