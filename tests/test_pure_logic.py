@@ -453,3 +453,122 @@ def test_a_consent_asking_for_a_minimum_of_rows_signs_it_apart_and_counts_only_t
     # spent as well: more rows would not serve it, so its use is named
     with pytest.raises(ConsentError, match=r"allows 3 jobs, all used\)"):
         check([floor_signed], {"ds": 10}, used={floor_signed.digest: 3})
+
+
+def test_a_consent_asking_for_a_minimum_of_own_rows_signs_it_apart_and_counts_only_its_owners():
+    """Consent.min_own_rows: signed under a purpose of its own only when set (a consent
+    without it is the statement signed before, byte for byte); counted from the rows of
+    the uploads its owner signed, never another owner's."""
+    import base64
+    import dataclasses
+    import json
+
+    from nacl.signing import SigningKey
+
+    from ppfs.contract import (
+        CONSENT_PURPOSE,
+        CONSENT_PURPOSE_MIN_OWN_ROWS,
+        CONSENT_PURPOSE_MIN_ROWS,
+        MAX_CONSENT_ROWS,
+        Combination,
+        Consent,
+        ConsentError,
+        JobContract,
+        PinnedDataset,
+        PinnedUpload,
+        Reveal,
+        check_consents,
+    )
+    from ppfs.step2a import Security
+
+    key, other, recipient = SigningKey.generate(), SigningKey.generate(), bytes(range(32))
+    plain = Consent("owner-a", "ds", "analyst", recipient, Reveal.SELECTION,
+                    created_at="2025-01-01T00:00:00Z")
+    # without the new minimum, the statements of before, byte for byte (v1 and v2)
+    head = b'{"created_at":"2025-01-01T00:00:00Z","dataset_id":"ds",'
+    tail = (b'"owner_id":"owner-a","purpose":"ppfs consent v%d","recipient":"analyst",'
+            b'"recipient_public_key":"' + base64.b64encode(recipient) + b'",'
+            b'"reveal":"selection"}')
+    assert plain.to_bytes() == head + tail % 1
+    assert dataclasses.replace(plain, min_rows=100).to_bytes() == (
+        head + b'"min_rows":100,' + tail % 2)
+    assert plain.min_own_rows == 0
+    assert Consent.from_bytes(head + b'"min_rows":100,' + tail % 2).min_own_rows == 0
+    # with it, under a purpose neither of those: a party that counts only the rows in all
+    # refuses it as malformed rather than skip the minimum
+    assert CONSENT_PURPOSE_MIN_OWN_ROWS not in (CONSENT_PURPOSE, CONSENT_PURPOSE_MIN_ROWS)
+    own = dataclasses.replace(plain, min_own_rows=10)
+    d = json.loads(own.to_bytes())
+    assert (d["purpose"], d["min_own_rows"], "min_rows" in d) == (
+        CONSENT_PURPOSE_MIN_OWN_ROWS, 10, False)
+    assert Consent.from_bytes(own.to_bytes()) == own
+    both = dataclasses.replace(plain, min_rows=100, min_own_rows=10)
+    d2 = json.loads(both.to_bytes())
+    assert (d2["purpose"], d2["min_rows"], d2["min_own_rows"]) == (
+        CONSENT_PURPOSE_MIN_OWN_ROWS, 100, 10)
+    assert Consent.from_bytes(both.sign(key).statement) == both
+    for bad in (-1, 1, MAX_CONSENT_ROWS + 1, True, "10"):
+        with pytest.raises(ValueError):
+            dataclasses.replace(plain, min_own_rows=bad).to_bytes()
+    malformed = [d | {"min_own_rows": bad}
+                 for bad in (0, 1, -5, "10", True, 10.0, None, MAX_CONSENT_ROWS + 1)]
+    malformed += [d2 | {"min_rows": bad} for bad in (0, 1, "100", None)]
+    malformed += [
+        {k: v for k, v in d.items() if k != "min_own_rows"},  # v3 states its minimum
+        {k: v for k, v in d2.items() if k != "min_own_rows"},
+        d | {"purpose": CONSENT_PURPOSE_MIN_ROWS, "min_rows": 100},  # v2 has no such field
+        d | {"purpose": CONSENT_PURPOSE},  # nor has v1
+        d | {"purpose": "ppfs consent v4"},
+    ]
+    for stated in malformed:
+        with pytest.raises(ConsentError, match="malformed"):
+            Consent.from_bytes(json.dumps(stated).encode())
+
+    # owner-a's 5 rows and owner-b's 95 in data set ds: 100 in all
+    job = JobContract(
+        job_id="j", datasets=(PinnedDataset("ds", (PinnedUpload("u0", "0" * 64, 5),
+                                                   PinnedUpload("u1", "0" * 64, 95))),),
+        combination=Combination.HORIZONTAL, label_column="y", k=1,
+        security=Security.PASSIVE_3PC, engine="mpyc", frac_bits=16, recipient="analyst",
+        recipient_public_key=recipient, mask_upload_id="m", m=100, p=5, classes=2)
+    b_consent = Consent("owner-b", "ds", "analyst", recipient, Reveal.SELECTION).sign(other)
+    counted = {("owner-a", "ds"): 5, ("owner-b", "ds"): 95}
+
+    def check(consents, own_rows, rows=None):
+        return check_consents(
+            dataclasses.replace(job, consents=(*consents, b_consent)),
+            {"ds": ["owner-a", "owner-b"]},
+            {"owner-a": bytes(key.verify_key), "owner-b": bytes(other.verify_key)},
+            "analyst", recipient, rows={"ds": 100} if rows is None else rows,
+            own_rows=own_rows)
+
+    own_signed, both_signed = own.sign(key), both.sign(key)
+    # the rows in all meet min_rows; owner-b's rows are not owner-a's
+    with pytest.raises(ConsentError, match=r"'owner-a' for data set 'ds' \(its consent asks "
+                       r"for at least 10 rows of the owner's own uploads; the job pins 5 of "
+                       r"them\)$"):
+        check([both_signed], counted)
+    with pytest.raises(ConsentError, match=r"own uploads; the job pins 0 of them"):
+        check([own_signed], {("owner-b", "ds"): 95})  # none counted for owner-a: none
+    with pytest.raises(ConsentError, match=r"own uploads; the job pins 0 of them"):
+        check([own_signed], None)
+    with pytest.raises(ConsentError, match=r"own uploads; the job pins 0 of them"):
+        check([own_signed], {("owner-a", "other"): 50})  # its rows of another data set
+    # short of both: each minimum named
+    with pytest.raises(ConsentError, match=r"\(its consent asks for at least 100 rows; the "
+                       r"job pins 40\) \(its consent asks for at least 10 rows of the owner's "
+                       r"own uploads; the job pins 5 of them\)"):
+        check([both_signed], counted, rows={"ds": 40})
+    # enough of its own rows: it serves, as does a consent without the minimum beside it
+    assert check([own_signed], counted | {("owner-a", "ds"): 10}) == []
+    assert check([both_signed], {("owner-a", "ds"): 30}) == []
+    assert check([own_signed, plain.sign(key)], counted) == []
+    # of two minimums, the one met; of two not met, the smaller named
+    low = dataclasses.replace(plain, min_own_rows=4).sign(key)
+    assert check([own_signed, low], counted) == []
+    with pytest.raises(ConsentError, match=r"at least 10 rows of the owner's own uploads; "
+                       r"the job pins 3 of them"):
+        check([dataclasses.replace(plain, min_own_rows=50).sign(key), own_signed],
+              {("owner-a", "ds"): 3})
+    # a consent asking for rows in all only is counted as before
+    assert check([dataclasses.replace(plain, min_rows=100).sign(key)], {}) == []

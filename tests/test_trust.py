@@ -43,9 +43,12 @@ from party_harness import (
     Deployment,
     data_upload,
     describe_job,
+    fetch_opened,
+    identities,
     mask_upload,
     start_requests,
     upload_messages,
+    watch_to_end,
 )
 from ppfs_cli.main import main
 from ppfs_party.server import start_party_server
@@ -56,7 +59,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ppfs import oracle
-from ppfs.contract import Consent, JobContract, JobRequest, Reveal, SignedConsent
+from ppfs.contract import (
+    Consent,
+    JobContract,
+    JobRequest,
+    Reveal,
+    SignedConsent,
+    service_shape,
+)
 from ppfs.fixedpoint import FixedPoint
 from ppfs.keycert import (
     KeyStatement,
@@ -68,7 +78,9 @@ from ppfs.keycert import (
 )
 from ppfs.pki import CertificateAuthority
 from ppfs.scoring import Scorer
+from ppfs.step2a import draw_mask_words, mirror, unmask_all
 from ppfs.synthetic import make_table
+from ppfs.upload import Manifest
 from ppfs.v1 import party_pb2
 from ppfs.v1.party_pb2_grpc import PartyServiceStub
 
@@ -845,6 +857,154 @@ def test_a_consent_for_a_minimum_of_rows_refuses_a_job_on_part_of_the_data_set(
                 await st.PutUploadPart(upload_messages(parts[1], i))
             for st in stubs:
                 await st.StartJob(start_requests(job(1, parts)))
+            for st in stubs:
+                await st.CancelJob(party_pb2.CancelJobRequest(job_id="j1"))
+
+    asyncio.run(scenario())
+
+
+def test_a_consent_for_a_minimum_of_own_rows_refuses_a_job_padded_with_a_co_owners_rows(
+    tmp_path: Path,
+) -> None:
+    """Two owners of data set ds: owner-a (10 rows, in uploads of 2 and 8) consents to
+    jobs pinning at least 12 rows in all and at least 8 of its own; owner-b, working with
+    a turned gateway (its mutual-TLS identity on the parties), uploads 14 rows. The
+    gateway stages owner-a's upload of 8 rows at every party and aborts it there after
+    telling the owner it was added: a job on owner-a's 2 rows beside owner-b's 14 pins 16
+    rows, enough for the minimum in all, but every party refuses it on its own count of
+    owner-a's rows, naming the consent, before anything runs. Once owner-a's rows are all
+    held (sent again as a new upload), the job on all 24 rows is accepted and its
+    selection is the plaintext oracle's."""
+    async def scenario() -> None:
+        async with _gateway_on_three_mpyc_parties(tmp_path) as (dep, stubs, box, owner, rec,
+                                                                 _gw, _data):
+            co_owner = dep.add_owner("owner-b")
+            t = make_table(24, 3, seed=8)
+            fp = FixedPoint()
+            exps = fp.choose_exponents(t.x, t.columns)
+            raw, onehot = fp.encode(t.x, exps, t.columns), t.one_hot()
+
+            def part(who: Any, upload_id: str, rows: slice) -> Any:
+                return data_upload(who, box, raw[rows], t.columns, exps, dataset_id="ds",
+                                   upload_id=upload_id, onehot=onehot[rows],
+                                   label_column=t.label_column, classes=t.classes)
+
+            few, withheld = part(owner, "u-a1", slice(0, 2)), part(owner, "u-a2", slice(2, 10))
+            padding = part(co_owner, "u-b", slice(10, 24))
+            ana = bytes(rec.box.public_key)
+            shape = service_shape(24, 3, t.n_classes, 1, fp.value_bits, None)
+            words = draw_mask_words(shape.outputs)
+            masks = [mask_upload(rec, box, w, dataset_id="m", upload_id=f"m{i}")
+                     for i, w in enumerate((np.zeros((1, 2), dtype=np.uint64), words))]
+            for up in (few, padding, *masks):
+                for i, st in enumerate(stubs):
+                    await st.PutUploadPart(upload_messages(up, i))
+            for i, st in enumerate(stubs):  # staged everywhere, then aborted by the gateway
+                messages = list(upload_messages(withheld, i))
+                messages[0].header.staged = True
+                await st.PutUploadPart(iter(messages))
+            for st in stubs:
+                await st.AbortUpload(party_pb2.UploadDecisionRequest(dataset_id="ds",
+                                                                     upload_id="u-a2"))
+            consents = [
+                Consent("owner-a", "ds", "analyst", ana, Reveal.SELECTION, min_rows=12,
+                        min_own_rows=8).sign(owner.key),
+                Consent("owner-b", "ds", "analyst", ana, Reveal.SELECTION).sign(co_owner.key),
+            ]
+
+            def job(n: int, uploads: list[Any]) -> Any:
+                signed = sorted(uploads, key=lambda u: Manifest.from_bytes(u.manifest)
+                                .order_key())  # as every party requires them
+                return describe_job(f"j{n}", [signed], mask=masks[n], k=1,
+                                    security="passive-3pc", engine="mpyc",
+                                    recipient_public_key=ana, peers=dep.peer_addresses(),
+                                    consents=consents)
+
+            padded = job(0, [few, padding])
+            assert padded.m == 16  # at least 12 in all: the minimum in all alone would serve
+            for st in stubs:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await st.StartJob(start_requests(padded))
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert info.value.details() == (
+                    "no consent to reveal the selection to 'analyst' from owner 'owner-a' "
+                    "for data set 'ds' (its consent asks for at least 8 rows of the owner's "
+                    "own uploads; the job pins 2 of them)"), info.value.details()
+                with pytest.raises(grpc.aio.AioRpcError):  # nothing runs
+                    await st.GetJob(party_pb2.GetJobRequest(job_id="j0"))
+            for st_dir in (s.state_dir for s in dep.settings):
+                audit = [json.loads(x) for x in (st_dir / "audit.log").read_text().splitlines()]
+                assert not [e for e in audit if e["event"] == "job.accepted"]
+                assert [e["job_id"] for e in audit if e["event"] == "job.refused"] == ["j0"]
+            # owner-a sends its 8 rows again: the job on all of its rows runs
+            again = part(owner, "u-a3", slice(2, 10))
+            for i, st in enumerate(stubs):
+                await st.PutUploadPart(upload_messages(again, i))
+            whole = job(1, [few, again, padding])
+            for st in stubs:
+                await st.StartJob(start_requests(whole))
+            finals = await asyncio.gather(*(watch_to_end(st, "j1") for st in stubs))
+            assert [f.state for f in finals] == [party_pb2.JOB_STATE_SUCCEEDED] * 3, [
+                f.error for f in finals]
+            parts = await fetch_opened(stubs, await identities(stubs), "j1", rec.box)
+            assert all(np.array_equal(p, parts[0]) for p in parts)
+            # the rows in the order the parties stacked them (their owners' signed order)
+            rows = {"u-a1": slice(0, 2), "u-a3": slice(2, 10), "u-b": slice(10, 24)}
+            order = np.concatenate([np.arange(24)[rows[u.upload_id]]
+                                    for u in whole.datasets[0].uploads])
+            got = unmask_all(parts[0], words, shape).indices
+            np.testing.assert_array_equal(got, mirror(raw[order], t.y[order], shape).selected)
+            assert got.tolist() == oracle.ms_gini_top_k(t.x, t.y, t.n_classes, 1).tolist()
+
+    asyncio.run(scenario())
+
+
+def test_a_consent_for_a_minimum_of_own_rows_counts_the_rows_an_owner_joins_by_columns(
+    tmp_path: Path,
+) -> None:
+    """A vertical join: owner-a's columns (data set ds, 12 rows) beside owner-b's
+    labelled columns (data set ds-b, the same 12 rows). Each of owner-a's 12 rows is a
+    row of the job: a consent asking for 12 of its own serves, one asking for 13 is
+    refused by every party, naming the 12 pinned; owner-b's 12 rows are not owner-a's."""
+    async def scenario() -> None:
+        async with _gateway_on_three_mpyc_parties(tmp_path) as (dep, stubs, box, owner, rec,
+                                                                 _gw, _data):
+            co_owner = dep.add_owner("owner-b")
+            t = make_table(12, 4, seed=9)
+            fp = FixedPoint()
+            exps = fp.choose_exponents(t.x, t.columns)
+            raw = fp.encode(t.x, exps, t.columns)
+            columns = data_upload(owner, box, raw[:, :2], t.columns[:2], exps[:2],
+                                  dataset_id="ds", upload_id="u-a")
+            labelled = data_upload(co_owner, box, raw[:, 2:], t.columns[2:], exps[2:],
+                                   dataset_id="ds-b", upload_id="u-b", onehot=t.one_hot(),
+                                   label_column=t.label_column, classes=t.classes)
+            ana = bytes(rec.box.public_key)
+            masks = [mask_upload(rec, box, np.zeros((1, 2), dtype=np.uint64),
+                                 dataset_id="m", upload_id=f"m{i}") for i in range(2)]
+            for up in (columns, labelled, *masks):
+                for i, st in enumerate(stubs):
+                    await st.PutUploadPart(upload_messages(up, i))
+
+            def job(n: int, own: int) -> Any:
+                return describe_job(
+                    f"j{n}", [[columns], [labelled]], mask=masks[n], k=1,
+                    security="passive-3pc", engine="mpyc", combination="vertical",
+                    recipient_public_key=ana, peers=dep.peer_addresses(), consents=[
+                        Consent("owner-a", "ds", "analyst", ana, Reveal.SELECTION,
+                                min_own_rows=own).sign(owner.key),
+                        Consent("owner-b", "ds-b", "analyst", ana, Reveal.SELECTION,
+                                min_own_rows=12).sign(co_owner.key)])
+
+            for st in stubs:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await st.StartJob(start_requests(job(0, 13)))
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert ("from owner 'owner-a' for data set 'ds' (its consent asks for at "
+                        "least 13 rows of the owner's own uploads; the job pins 12 of them)"
+                        ) in (info.value.details() or ""), info.value.details()
+            for st in stubs:
+                await st.StartJob(start_requests(job(1, 12)))
             for st in stubs:
                 await st.CancelJob(party_pb2.CancelJobRequest(job_id="j1"))
 

@@ -75,6 +75,11 @@ CONSENT_PURPOSE = "ppfs consent v1"
 # a consent asking for a minimum of rows (Consent.min_rows): a purpose of its own, so that
 # a party of an earlier version, which would not read the minimum, refuses it as malformed
 CONSENT_PURPOSE_MIN_ROWS = "ppfs consent v2"
+# a consent asking for a minimum of the owner's own rows (Consent.min_own_rows), with or
+# without a minimum of rows in all: a purpose of its own again, so that a party that
+# counts only the rows in all refuses it rather than running a job on a few of the
+# owner's rows padded with another owner's
+CONSENT_PURPOSE_MIN_OWN_ROWS = "ppfs consent v3"
 RESULT_PURPOSE = "ppfs result v1"
 REQUEST_PURPOSE = "ppfs job request v1"
 ENGINES = ("mp-spdz", "mpyc")
@@ -321,7 +326,8 @@ def _b64(data: bytes) -> str:
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # UTC, as consents state their times
 MAX_CONSENT_JOBS = 1_000_000
-MIN_CONSENT_ROWS, MAX_CONSENT_ROWS = 2, 1_000_000_000  # the bounds of Consent.min_rows
+# the bounds of Consent.min_rows and Consent.min_own_rows
+MIN_CONSENT_ROWS, MAX_CONSENT_ROWS = 2, 1_000_000_000
 MAX_CONSENT_BYTES = 4096  # a consent statement is a few hundred bytes
 # who a consent names: subject ids (the gateway's token subjects, the parties' owner ids)
 # and a data set id; nothing a terminal would act on when a consent is listed
@@ -343,7 +349,18 @@ class Consent:
     under this very statement, :func:`check_consents`); with ``min_rows`` above 0, only
     jobs that pin at least that many rows of the data set in all (as each party counts
     them from the owner-signed manifests it holds), so that a gateway holding back the
-    other uploads cannot have the result computed over a handful of rows."""
+    other uploads cannot have the result computed over a handful of rows.
+
+    With ``min_own_rows`` above 0, only jobs that pin at least that many rows of the
+    data set from uploads this owner signed (the manifests naming ``owner_id``, each
+    verified against the owner's key when the party stored it): other owners' rows do
+    not count, so that a co-owner working with the gateway cannot pad the count with
+    rows it knows while the gateway holds back this owner's uploads. An upload holds
+    whole rows of the data set, so the count is the same whatever the job does with the
+    data set: stacked with other data sets (horizontal), the owner's rows are among the
+    job's rows; joined by columns with other data sets (vertical), each of the owner's
+    rows is one of the job's rows, its columns beside the other data sets' on the same
+    row. Both minimums may be set; each must be met."""
 
     owner_id: str
     dataset_id: str
@@ -355,6 +372,9 @@ class Consent:
     max_jobs: int = 0  # 0 any number: left out of the signed form
     # 0 no minimum: left out of the signed form, which then keeps CONSENT_PURPOSE
     min_rows: int = 0
+    # 0 no minimum: left out of the signed form; set, it is signed under
+    # CONSENT_PURPOSE_MIN_OWN_ROWS (with min_rows beside it if that is set too)
+    min_own_rows: int = 0
 
     def to_bytes(self) -> bytes:
         if not (_SUBJECT.match(self.owner_id) and _SUBJECT.match(self.recipient)):
@@ -380,9 +400,17 @@ class Consent:
                 self.min_rows == 0 or MIN_CONSENT_ROWS <= self.min_rows <= MAX_CONSENT_ROWS):
             raise ValueError(f"a consent asks for {MIN_CONSENT_ROWS} to {MAX_CONSENT_ROWS} "
                              "rows at least")
+        if type(self.min_own_rows) is not int or not (
+                self.min_own_rows == 0
+                or MIN_CONSENT_ROWS <= self.min_own_rows <= MAX_CONSENT_ROWS):
+            raise ValueError(f"a consent asks for {MIN_CONSENT_ROWS} to {MAX_CONSENT_ROWS} "
+                             "rows of its owner's own uploads at least")
         if self.min_rows:
             d["purpose"] = CONSENT_PURPOSE_MIN_ROWS
             d["min_rows"] = self.min_rows
+        if self.min_own_rows:
+            d["purpose"] = CONSENT_PURPOSE_MIN_OWN_ROWS
+            d["min_own_rows"] = self.min_own_rows
         return _canonical(d)
 
     @classmethod
@@ -393,15 +421,25 @@ class Consent:
             if len(blob) > MAX_CONSENT_BYTES:
                 raise ValueError
             d = json.loads(blob)
+
+            def rows(name: str) -> int:
+                n = d[name]
+                if type(n) is not int or not MIN_CONSENT_ROWS <= n <= MAX_CONSENT_ROWS:
+                    raise ValueError
+                return int(n)
+
+            # a minimum the purpose does not state: not one a party would skip
             if d["purpose"] == CONSENT_PURPOSE:
-                if "min_rows" in d:  # v1 states no minimum: not one a party would skip
+                if "min_rows" in d or "min_own_rows" in d:
                     raise ValueError
-                min_rows = 0
+                min_rows = min_own_rows = 0
             elif d["purpose"] == CONSENT_PURPOSE_MIN_ROWS:
-                min_rows = d["min_rows"]
-                if type(min_rows) is not int or not (
-                        MIN_CONSENT_ROWS <= min_rows <= MAX_CONSENT_ROWS):
+                if "min_own_rows" in d:
                     raise ValueError
+                min_rows, min_own_rows = rows("min_rows"), 0
+            elif d["purpose"] == CONSENT_PURPOSE_MIN_OWN_ROWS:
+                min_rows = rows("min_rows") if "min_rows" in d else 0
+                min_own_rows = rows("min_own_rows")
             else:
                 raise ValueError
             key = base64.b64decode(d["recipient_public_key"], validate=True)
@@ -418,7 +456,7 @@ class Consent:
                 raise ValueError
             return cls(str(d["owner_id"]), str(d["dataset_id"]), str(d["recipient"]), key,
                        Reveal(d["reveal"]), str(d["created_at"]), expires, max_jobs,
-                       min_rows)
+                       min_rows, min_own_rows)
         except (ValueError, KeyError, TypeError, binascii.Error):
             raise ConsentError("a consent statement is malformed") from None
 
@@ -457,6 +495,7 @@ def check_consents(
     job: JobContract, upload_owners: Mapping[str, Sequence[str]], owner_keys: Mapping[str, bytes],
     mask_owner: str, mask_recipient_key: bytes, used: Mapping[str, int] | None = None,
     revoked: Callable[[Consent], bool] | None = None, *, rows: Mapping[str, int] | None = None,
+    own_rows: Mapping[tuple[str, str], int] | None = None,
 ) -> list[str]:
     """A party's own authorisation of a job: for every data set, every owner of a
     pinned upload (``upload_owners``: data set id -> owner ids, from the manifests the
@@ -476,7 +515,13 @@ def check_consents(
     ``rows`` gives the rows the job pins of each data set, as this party counted them
     from the owner-signed manifests it verified (never a number the description
     states): a consent asking for more (:attr:`Consent.min_rows`) counts for nothing, a
-    data set missing from ``rows`` counting as none."""
+    data set missing from ``rows`` counting as none. ``own_rows`` gives, for each owner
+    id and data set id, the rows the job pins of that data set from uploads whose
+    manifest that owner signed, counted alike: a consent asking for more of its owner's
+    own rows (:attr:`Consent.min_own_rows`) counts for nothing, an owner and data set
+    missing from ``own_rows`` counting as none. A consent short of either minimum is
+    named with each minimum it misses (the least of the owner's consents), as more rows
+    pinned would serve it."""
     if not job.recipient:
         raise ConsentError("the job names no recipient")
     if mask_owner != job.recipient or mask_recipient_key != job.recipient_public_key:
@@ -491,7 +536,9 @@ def check_consents(
     withdrawn: set[tuple[str, str]] = set()  # revoked by its owner
     spent: dict[tuple[str, str], int] = {}  # its limit, all used
     short: dict[tuple[str, str], int] = {}  # the least minimum of rows the job misses
+    short_own: dict[tuple[str, str], int] = {}  # the same, of the owner's own rows
     pinned = rows or {}
+    pinned_own = own_rows or {}
     for sc in dict.fromkeys(job.consents):  # one consent relayed many times counts once
         c = sc.consent
         key = owner_keys.get(c.owner_id)
@@ -502,15 +549,20 @@ def check_consents(
                 or not c.reveal.covers(job.training is not None):
             continue
         who = (c.owner_id, c.dataset_id)
+        few = bool(c.min_rows) and pinned.get(c.dataset_id, 0) < c.min_rows
+        few_own = bool(c.min_own_rows) and pinned_own.get(who, 0) < c.min_own_rows
         if revoked is not None and revoked(c):
             withdrawn.add(who)
         elif c.expired():
             expired.add(who)
         elif c.max_jobs and used.get(sc.digest, 0) >= c.max_jobs:
             spent[who] = c.max_jobs
-        elif c.min_rows and pinned.get(c.dataset_id, 0) < c.min_rows:
+        elif few or few_own:
             # usable but for the rows: named first below, as more rows would serve
-            short[who] = min(short.get(who, c.min_rows), c.min_rows)
+            if few:
+                short[who] = min(short.get(who, c.min_rows), c.min_rows)
+            if few_own:
+                short_own[who] = min(short_own.get(who, c.min_own_rows), c.min_own_rows)
         elif not c.max_jobs:
             valid.add(who)
         else:
@@ -518,9 +570,13 @@ def check_consents(
 
     def why(who: tuple[str, str]) -> str:
         # a consent usable but for the rows: more rows pinned would serve, the rest not
-        if who in short:
-            return (f" (its consent asks for at least {short[who]} rows; the job pins "
-                    f"{pinned.get(who[1], 0)})")
+        if who in short or who in short_own:
+            return "".join((
+                f" (its consent asks for at least {short[who]} rows; the job pins "
+                f"{pinned.get(who[1], 0)})" if who in short else "",
+                f" (its consent asks for at least {short_own[who]} rows of the owner's own "
+                f"uploads; the job pins {pinned_own.get(who, 0)} of them)"
+                if who in short_own else ""))
         if who in spent:
             n = spent[who]
             return f" (its consent allows {n} job{'s' if n > 1 else ''}, all used)"

@@ -9,7 +9,9 @@ every owner of a pinned upload signed, with its key registered here, a consent n
 the job's recipient and key and what the job reveals, not expired and, for a consent
 limited to a number of jobs, with one left here, and for a consent asking for a
 minimum of rows, with at least that many pinned of the data set as the manifests held
-here count them; the mask upload was signed by
+here count them, and for one asking for a minimum of the owner's own rows, with at
+least that many pinned from the uploads whose manifests that owner signed; the mask
+upload was signed by
 that recipient for that key) and the recipient's request (ppfs.contract.check_request:
 the job's parameters are exactly those the recipient signed). The gateway's own checks
 are not relied on. It then
@@ -184,6 +186,18 @@ async def finish_despite_cancel(step: Coroutine[Any, Any, None]) -> None:
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def _own_rows(job: JobContract, found: list[list[StoredUpload]]) -> dict[tuple[str, str], int]:
+    """(owner id, data set id) -> the rows the job pins of the data set from uploads
+    whose manifest that owner signed (verified when stored here). An upload holds whole
+    rows, so this is each owner's share of the job's rows whatever the combination: in
+    a vertical one its rows are joined by columns with the other data sets' rows."""
+    own: collections.Counter[tuple[str, str]] = collections.Counter()
+    for ds, ups in zip(job.datasets, found, strict=True):
+        for u in ups:
+            own[u.manifest.owner_id, ds.dataset_id] += u.manifest.rows
+    return dict(own)
 
 
 # a peer's host as the engines take it: a DNS name (compose service names hold '_') or
@@ -439,6 +453,9 @@ class JobRunner:
             # a consent's minimum of rows against the manifests held here, not the job's word
             rows={ds.dataset_id: sum(u.manifest.rows for u in ups)
                   for ds, ups in zip(job.datasets, found, strict=True)},
+            # and its minimum of the owner's own rows: the manifests it signed (each verified
+            # against its key when stored here), whatever another owner pins beside them
+            own_rows=_own_rows(job, found),
         )
         # the parameters are the recipient's, not the gateway's: signed by the recipient
         check_request(job, owners.get(job.recipient))
