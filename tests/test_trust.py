@@ -1110,6 +1110,46 @@ def test_consent_command_signs_a_minimum_of_rows_and_lists_it(
     assert rc == 0 and "any number of jobs; no minimum of rows" in out, out
 
 
+def test_consent_command_signs_a_minimum_of_own_rows_and_lists_it(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, ids, _ = horizontal_setup(stack, m=20, p=4, seed=7)
+    url = stack.gateway.url
+    box = base64.b64encode(stack.keys["analyst-1"].box_public_key).decode()
+
+    def consent(owner: str, ds: str, *more: str) -> tuple[int, str, str]:
+        return run(capsys, stack, url, owner, "datasets", "consent", ds, "--recipient",
+                   "analyst-1", "--recipient-key", box, *more)
+
+    for bad in ("1", "0", "ten", "-5", "1000000001"):  # 2 rows at least, 10^9 at most
+        with pytest.raises(SystemExit):
+            consent("owner-a", ids[0], "--min-own-rows", bad)
+    assert stack.client("analyst-1").list_consents(ids[0]) == []
+    rc, out, err = consent("owner-a", ids[0], "--min-own-rows", "6")
+    assert rc == 0, err
+    assert f"owner-a lets analyst-1 learn the selection of jobs on {ids[0]} pinning at " \
+           "least 6 rows of owner-a's own uploads" in out, out
+    listed = stack.client("analyst-1").list_consents(ids[0])
+    assert [(c["owner_id"], c["min_rows"], c["min_own_rows"]) for c in listed] == [
+        ("owner-a", 0, 6)]
+    rc, out, err = run(capsys, stack, url, "analyst-1", "datasets", "consents", ids[0])
+    assert rc == 0 and "any number of jobs; at least 6 rows of the owner's own uploads" \
+        in out, out
+    # beside a minimum in all: both signed, both shown
+    rc, out, err = consent("owner-b", ids[1], "--min-rows", "15", "--min-own-rows", "6")
+    assert rc == 0 and "pinning at least 15 rows of it and at least 6 rows of owner-b's " \
+        "own uploads" in out, out
+    listed = stack.client("analyst-1").list_consents(ids[1])
+    assert [(c["min_rows"], c["min_own_rows"]) for c in listed] == [(15, 6)]
+    from ppfs_gateway.registry import Registry
+
+    statement = Registry(stack.gateway.settings.db_path).consents(ids[1])[0].statement
+    assert json.loads(statement)["purpose"] == "ppfs consent v3"
+    rc, out, err = run(capsys, stack, url, "analyst-1", "datasets", "consents", ids[1])
+    assert rc == 0 and "at least 15 rows; at least 6 rows of the owner's own uploads" \
+        in out, out
+
+
 def test_a_consent_for_one_job_serves_one_job_through_the_gateway(tmp_path: Path) -> None:
     """The owners' consents for one job each, on the party daemons themselves: the first
     job runs (its selection equal to the mirror), the second fails, every party naming

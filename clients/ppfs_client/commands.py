@@ -193,6 +193,14 @@ def add_commands(sub: Any) -> None:
         "handful of rows. Parties of an earlier version refuse such a consent. Without it, "
         "any number of rows",
     )
+    consent.add_argument(
+        "--min-own-rows", metavar="N", type=_min_rows, default=0,
+        help="the consent serves only jobs that pin at least N rows from your own uploads "
+        "to the data set (every party counts them from the manifests you signed; other "
+        "owners' rows do not count), so that a co-owner working with the gateway cannot "
+        "pad --min-rows with rows it knows while your uploads are held back. Parties of an "
+        "earlier version refuse such a consent. Without it, any number of your rows",
+    )
     _conn_args(consent)
     consent.set_defaults(func=_datasets_consent)
     consents = dsub.add_parser(
@@ -640,10 +648,17 @@ def _datasets_consents(args: argparse.Namespace) -> int:
             + (f"until {inline(c['expires_at'])}" if c.get("expires_at")
                                   else "no expiry")
             + "; " + (f"at most {n} job{'s' if n > 1 else ''}" if n else "any number of jobs")
-            + "; " + (f"at least {rows} rows" if (rows := int(c.get("min_rows", 0)))
-                      else "no minimum of rows"))
+            + "; " + _row_floors(c))
     _out(args, got, "\n".join(lines))
     return 0
+
+
+def _row_floors(c: dict[str, Any]) -> str:
+    """A listed consent's minimums of rows, in all and of its owner's own uploads."""
+    rows, own = int(c.get("min_rows", 0)), int(c.get("min_own_rows", 0))
+    floors = ([f"at least {rows} rows"] if rows else []) + (
+        [f"at least {own} rows of the owner's own uploads"] if own else [])
+    return "; ".join(floors) or "no minimum of rows"
 
 
 def _max_jobs(text: str) -> int:
@@ -686,12 +701,14 @@ def _datasets_consent(args: argparse.Namespace) -> int:
         c = client.consent(keys, args.dataset_id, args.recipient,
                            _public_key(args.recipient_key), reveal,
                            expires_at=args.expires or "", max_jobs=args.max_jobs,
-                           min_rows=args.min_rows)
+                           min_rows=args.min_rows, min_own_rows=args.min_own_rows)
     until = f" until {inline(c['expires_at'])}" if c.get("expires_at") else ""
     n = int(c.get("max_jobs", 0))
     jobs = f"{n} job{'s' if n > 1 else ''}" if n else "jobs"
-    rows = int(c.get("min_rows", 0))
-    least = f" pinning at least {rows} rows of it" if rows else ""
+    rows, own = int(c.get("min_rows", 0)), int(c.get("min_own_rows", 0))
+    floors = ([f"at least {rows} rows of it"] if rows else []) + (
+        [f"at least {own} rows of {inline(c['owner_id'])}'s own uploads"] if own else [])
+    least = f" pinning {' and '.join(floors)}" if floors else ""
     _out(args, c, f"{inline(c['owner_id'])} lets {inline(c['recipient'])} learn the "
          f"{inline(c['reveal'])} of {jobs} on {inline(c['dataset_id'])}{least}{until}")
     return 0

@@ -226,6 +226,9 @@ class ConsentOut(BaseModel):
     max_jobs: int = Field(default=0, description="jobs it allows at each party; 0: any number")
     min_rows: int = Field(default=0, description="rows of the data set a job must pin, as "
                           "each party counts them; 0: no minimum")
+    min_own_rows: int = Field(default=0, description="rows of the data set from the owner's "
+                              "own uploads a job must pin, as each party counts them from "
+                              "the manifests the owner signed; 0: no minimum")
 
 
 class TrainingIn(Strict):
