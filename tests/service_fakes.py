@@ -19,7 +19,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -258,7 +258,8 @@ class FakeParty(pb_grpc.PartyServiceServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no result")
         assert job is not None and job.opened is not None
         words = job.opened.copy()
-        if self.cluster.tamper_result == self.index:
+        lying = self.cluster.tamper_result
+        if self.index == lying or (isinstance(lying, frozenset) and self.index in lying):
             words[0] += np.uint64(1)
         sealed, sig = seal_result(
             job.desc.job_id, words, job.desc.recipient_public_key, self.signing
@@ -270,6 +271,8 @@ class FakeParty(pb_grpc.PartyServiceServicer):
             schemas.append(DatasetSchema(d.dataset_id, man.columns, man.column_exponents,
                                          man.label_column, man.classes, man.frac_bits, d.rows))
         verified = plan(schemas, contract.combination, contract.label_column)
+        if self.cluster.tamper_statement == self.index:  # it relabels the result alone
+            verified = replace(verified, columns=tuple(reversed(verified.columns)))
         statement, statement_sig = ResultStatement.for_job(
             contract, hashlib.sha256(job.desc.SerializeToString(deterministic=True)).hexdigest(),
             self.index, sealed, verified).sign(self.signing)
@@ -291,7 +294,9 @@ class FakeCluster:
         self.ports: list[int] = [0] * n
         self.fail_party: int | None = None
         self.refuse_start: int | None = None
-        self.tamper_result: int | None = None
+        # the party (or parties) that seal and sign altered opened words
+        self.tamper_result: int | frozenset[int] | None = None
+        self.tamper_statement: int | None = None  # the party that signs another schema
         self.hold = False  # keep jobs running until released
         self.mpc_port_count = 1  # each party's MPC ports (GetIdentity)
         self.release = asyncio.Event()

@@ -1069,21 +1069,46 @@ def verified_statement(
             base64.b64decode(p.get("statement_signature", "")), party.signing_public_key,
             party.name)
         opened.append((party, words, st))
-    first, words, st = opened[0]
-    for party, other, ost in opened[1:]:
-        if other.shape != words.shape or not np.array_equal(other, words):
-            raise ResultRejected(
-                f"the parties' results disagree ({party.name} differs from {first.name}): "
-                "do not trust this result"
-            )
-        if ost.decoding() != st.decoding():
-            raise ResultRejected(
-                f"the parties' signed statements disagree ({party.name} differs from "
-                f"{first.name}): do not trust this result"
-            )
+    # every honest party opened the same words for this job and verified the same
+    # manifests, so a party whose part differs from all the others' lied (or failed)
+    _refuse_disagreement("result", [
+        (party.name, (w.shape, w.tobytes())) for party, w, _ in opened])
+    _refuse_disagreement("signed statement", [
+        (party.name, json.dumps(s.decoding(), sort_keys=True)) for party, _, s in opened])
+    _, words, st = opened[0]
     if base64.b64decode(st.recipient_public_key) != keys.box_public_key:
         raise ResultRejected("the parties sealed this result to another recipient key")
     return words, st
+
+
+def _refuse_disagreement(what: str, told: Sequence[tuple[str, Any]]) -> None:
+    """ResultRejected unless every party told the same; where all parties but one agree,
+    the refusal names that one (at most one party is corrupted, and the gateway cannot
+    sign for a party), otherwise it names no party as the one."""
+    groups: dict[Any, list[str]] = {}
+    for name, said in told:
+        groups.setdefault(said, []).append(name)
+    if len(groups) == 1:
+        return
+    alike = sorted(groups.values(), key=len)
+    if len(alike) == 2 and len(alike[0]) == 1 and len(alike[1]) > 1:
+        odd = alike[0][0]
+        raise ResultRejected(
+            f"the parties' {what}s disagree: {odd}'s differs from those of "
+            f"{_and(alike[1])}, which agree ({odd} sent another {what} than the others): "
+            "do not trust this result"
+        )
+    listed = ", ".join(
+        f"{_and(names)} alike" if len(names) > 1 else f"{names[0]} alone"
+        for names in groups.values())
+    raise ResultRejected(
+        f"the parties' {what}s disagree ({listed}): more than one party sent another "
+        f"{what}: do not trust this result"
+    )
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 # what the recipient decodes with, as the gateway's job record and the parties' statement
