@@ -24,6 +24,7 @@ import json
 import ssl
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -1041,14 +1042,19 @@ def verified_statement(
         indices = [int(p["party_index"]) for p in parts]
     except (KeyError, TypeError, ValueError):
         raise ResultRejected("a result part names no party") from None
-    repeated = sorted({i for i in indices if indices.count(i) > 1})
+    # counted once (the gateway decides how many parts there are), each repeat named
+    # once: an answer of parts by the million is refused at once, in one short line
+    counts = Counter(indices)
+    repeated = sorted(i for i, c in counts.items() if c > 1)
     if repeated:
         raise ResultRejected(
             "the result holds more than one part of "
-            + ", ".join(dep.parties[i].name if 0 <= i < n else f"party {i}" for i in repeated)
+            + ", ".join(dep.parties[i].name if 0 <= i < n else f"party {i}"
+                        for i in repeated[:n])
+            + (" and of more" if len(repeated) > n else "")
             + ": do not trust this result"
         )
-    missing = [dep.parties[i].name for i in range(n) if i not in indices]
+    missing = [dep.parties[i].name for i in range(n) if i not in counts]
     unknown = [i for i in indices if not 0 <= i < n]
     if missing or unknown:
         raise ResultRejected(
