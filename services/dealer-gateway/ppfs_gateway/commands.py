@@ -3,6 +3,10 @@
 ppfs gateway serve --config gateway.json [--host H] [--port P] [--port-file F]
     [--make-keys]    # its keys made here, their requests in STATE_DIR/csr/ for the CA
     [--require-https]  # refuse to start without an HTTPS certificate and key
+
+SIGHUP makes it read its tokens file again (``kill -HUP PID``, ``docker compose kill -s
+HUP gateway``): tokens added, removed or given an end take effect without a restart; a
+file that does not parse is refused as a whole and logged, the tokens in force stay.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -176,8 +181,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     for line in gateway_warnings(settings):  # also in /v1/deployment/status
         logging.getLogger("ppfs.gateway").warning("[Gateway] %s", line)
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level="info",
@@ -193,6 +199,9 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("uvicorn.access").addFilter(DropQueryString())
 
     async def run() -> bool:
+        # SIGHUP: the tokens file read again (rotation without a restart); uvicorn
+        # handles SIGINT and SIGTERM, not this one
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app.state.tokens.reload)
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.05)

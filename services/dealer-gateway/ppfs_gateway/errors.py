@@ -26,6 +26,13 @@ class Unauthenticated(GatewayError):
     type_slug = "unauthenticated"
 
 
+class TokenExpired(Unauthenticated):
+    """A known token past its ``expires_at``: refused, saying so and when (never whose)."""
+
+    title = "Bearer token expired"
+    type_slug = "token-expired"
+
+
 class Forbidden(GatewayError):
     status = 403
     title = "Not allowed for this role"

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ppfs.errors import PpfsError
-from ppfs_gateway.api.deps import GatewayResources
+from ppfs_gateway.api.deps import PRINCIPAL_STATE, GatewayResources
 from ppfs_gateway.api.routes import datasets, deployment, health, jobs, status
 from ppfs_gateway.api.schemas import problem_responses
 from ppfs_gateway.auth import TokenTable
@@ -87,7 +87,10 @@ class RequestGuard:
     1. A credential in the query string (``?token=...``) is refused with 400: query
        strings end up in access logs, proxies' logs and browser histories.
     2. Every ``/v1/`` request is authenticated from its ``Authorization`` header; a
-       missing or unknown token is answered 401 at once and the body is never read.
+       missing, unknown or expired token is answered 401 at once and the body is never
+       read. The principal found is kept with the request (``scope["state"]``): the
+       routes take it from there, so a reload of the tokens while the request runs
+       (its body arriving, say) does not refuse it half-way.
        Bodies are taken under ``/v1/`` only: a POST, PUT or PATCH anywhere else is
        answered 404 at once, its body never read.
     3. A body declared or found larger than ``limit`` is refused with 413.
@@ -119,7 +122,8 @@ class RequestGuard:
         headers = dict(scope.get("headers") or [])
         if path.startswith("/v1/"):
             try:
-                self.tokens.authenticate(_bearer_token(headers.get(b"authorization")))
+                who = self.tokens.authenticate(_bearer_token(headers.get(b"authorization")))
+                scope.setdefault("state", {})[PRINCIPAL_STATE] = who
             except Unauthenticated as exc:
                 status, title, slug = classify(exc)
                 await self._refuse(scope, send, status, title, str(exc), slug)
@@ -250,7 +254,11 @@ def private_state_dir(state_dir: Path) -> None:
 
 
 def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
-    """The app for ``settings``; ``parties`` replaces the mTLS channels in tests."""
+    """The app for ``settings``; ``parties`` replaces the mTLS channels in tests.
+
+    ``app.state.tokens`` is its one :class:`TokenTable`: ``ppfs gateway serve`` calls its
+    ``reload`` on SIGHUP."""
+    tokens = TokenTable(settings.tokens, settings.tokens_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -265,12 +273,13 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
             registry=registry,
             parties=conn,
             jobs=coordinator,
-            tokens=TokenTable(settings.tokens),
+            tokens=tokens,
         )
         metrics.attach(coordinator)
         listener = metrics.listen(settings.metrics_listen)
         await coordinator.reconcile()
         log.info("[Gateway] started with %d parties", len(conn))
+        tokens.log_ending()
         try:
             yield
         finally:
@@ -298,6 +307,7 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
     common = problem_responses(401, 403, 404, 409, 413, 422, 502, 503, 507)
     for module in (deployment, datasets, jobs, status):
         app.include_router(module.router, responses=common)
+    app.state.tokens = tokens
     metrics = app.state.metrics = GatewayMetrics()
     app.include_router(metrics_router)
     install_console(app)
@@ -350,7 +360,7 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
     app.add_middleware(
         RequestGuard,
         limit=settings.max_upload_bytes,
-        tokens=TokenTable(settings.tokens),
+        tokens=tokens,
         spool_dir=settings.state_dir / "spool",
     )
     app.add_middleware(SecurityHeaders)  # outside the guard: its refusals carry them too

@@ -49,10 +49,20 @@ def get_jobs(res: ResourcesDep) -> JobCoordinator:
 _bearer = HTTPBearer(auto_error=False, description="per-role bearer token")
 
 
+# where the request guard keeps the principal it authenticated (request.state)
+PRINCIPAL_STATE = "ppfs_principal"
+
+
 def get_principal(
+    request: Request,
     res: ResourcesDep,
     cred: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
+    """The principal the request guard found when the request arrived (a reload of the
+    tokens since does not change it); else (outside /v1/) the token's, looked up now."""
+    found = getattr(request.state, PRINCIPAL_STATE, None)
+    if isinstance(found, Principal):
+        return found
     return res.tokens.authenticate(cred.credentials if cred else None)
 
 

@@ -12,13 +12,16 @@ The config file is JSON::
       "max_concurrent_jobs": 2                                (optional, default 1)
     }
 
-and the tokens file a list of ``{"token": ..., "role": ..., "subject": ...}``. Relative
-paths are taken relative to the config file. Tokens are secrets: they are held as
+and the tokens file a list of ``{"token": ..., "role": ..., "subject": ...}``, each
+optionally with ``"expires_at": "2027-01-31T00:00:00Z"`` (UTC; without it the token does
+not expire). The gateway reads the tokens file again on SIGHUP. Relative paths are taken
+relative to the config file. Tokens are secrets: they are held as
 :class:`pydantic.SecretStr` and never logged or echoed.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import json
 import os
@@ -40,6 +43,7 @@ from ppfs.errors import ParameterError
 
 CONFIG_ENV = "PPFS_GATEWAY_CONFIG"
 TOKENS_ENV = "PPFS_GATEWAY_TOKENS_FILE"
+EXPIRES_AT_FORM = 'an ISO 8601 time with its zone, such as "2027-01-31T00:00:00Z"'
 
 
 class Role(enum.StrEnum):
@@ -59,6 +63,28 @@ class TokenEntry(BaseModel):
         pattern=r"^[A-Za-z0-9._-]+$",
         description="owner id of a data owner, or the analyst's / admin's id",
     )
+    # the token's end (UTC); None: it does not expire
+    expires_at: dt.datetime | None = Field(
+        default=None, description='ISO 8601 UTC time, e.g. "2027-01-31T00:00:00Z"'
+    )
+
+    @field_validator("expires_at", mode="before")
+    @classmethod
+    def _utc_time(cls, v: Any) -> Any:
+        # a time written out, with its zone: not a bare number (seconds? milliseconds?)
+        # nor a local time that means another instant on each host
+        if v is None or isinstance(v, dt.datetime):
+            parsed = v
+        elif isinstance(v, str):
+            try:
+                parsed = dt.datetime.fromisoformat(v)
+            except ValueError:
+                raise ValueError(EXPIRES_AT_FORM) from None
+        else:
+            raise ValueError(EXPIRES_AT_FORM)
+        if parsed is not None and parsed.utcoffset() is None:
+            raise ValueError(EXPIRES_AT_FORM)
+        return None if parsed is None else parsed.astimezone(dt.UTC)
 
 
 class PartyEndpoint(BaseModel):
@@ -83,6 +109,8 @@ class Settings(BaseModel):
     parties: tuple[PartyEndpoint, ...]
     tls: TlsSettings
     tokens: tuple[TokenEntry, ...]
+    # where the tokens were read from (None: from the config itself); read again on SIGHUP
+    tokens_file: Path | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8443, ge=0, le=65535)
     max_upload_bytes: int = Field(default=256 << 20, ge=1024)
@@ -122,16 +150,56 @@ class Settings(BaseModel):
     @field_validator("tokens")
     @classmethod
     def _distinct(cls, v: tuple[TokenEntry, ...]) -> tuple[TokenEntry, ...]:
-        secrets = [t.token.get_secret_value() for t in v]
-        if len(set(secrets)) != len(secrets):
-            raise ValueError("two principals share a token")
-        if not v:
-            raise ValueError("configure at least one token")
+        problem = token_set_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
     @property
     def db_path(self) -> Path:
         return self.state_dir / "registry.sqlite3"
+
+
+def token_set_problem(entries: tuple[TokenEntry, ...]) -> str | None:
+    """What makes ``entries`` unusable as a whole, if anything (never a value)."""
+    secrets = [t.token.get_secret_value() for t in entries]
+    if len(set(secrets)) != len(secrets):
+        return "two principals share a token"
+    if not entries:
+        return "configure at least one token"
+    return None
+
+
+def read_tokens_file(path: Path) -> tuple[TokenEntry, ...]:
+    """The entries of a tokens file, checked as a whole, as at start and on a reload.
+
+    ParameterError names the file, the entry (counted from 1) and its fields, never a
+    value: a token could be among them."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        # (a JSON error names a line and column, not the text there)
+        raise ParameterError(f"{path}: cannot read the tokens file ({exc})") from None
+    if not isinstance(raw, list):
+        raise ParameterError(f"{path}: the tokens file is not a JSON list of entries")
+    entries = []
+    for n, item in enumerate(raw, 1):
+        try:
+            entries.append(TokenEntry.model_validate(item))
+        except ValidationError as exc:
+            raise ParameterError(f"{path}: tokens file entry {n} of {len(raw)}: "
+                                 f"{_fields_wrong(exc)}") from None
+    problem = token_set_problem(tuple(entries))
+    if problem is not None:
+        raise ParameterError(f"{path}: {problem}")
+    return tuple(entries)
+
+
+def _fields_wrong(exc: ValidationError) -> str:
+    """"invalid FIELD, ..." with what expires_at should look like (no value echoed)."""
+    fields = sorted({".".join(str(p) for p in e["loc"]) or "the entry" for e in exc.errors()})
+    hint = f" (expires_at is {EXPIRES_AT_FORM})" if "expires_at" in fields else ""
+    return f"invalid {', '.join(fields)}{hint}"
 
 
 def _resolve(base: Path, value: Any) -> Any:
@@ -160,10 +228,8 @@ def load_settings(
     tokens_file = raw.pop("tokens_file", None) or env.get(TOKENS_ENV)
     if tokens_file is not None and "tokens" not in raw:
         tf = Path(_resolve(base, tokens_file))
-        try:
-            raw["tokens"] = json.loads(tf.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ParameterError(f"{tf}: cannot read the tokens file ({exc})") from None
+        raw["tokens"] = read_tokens_file(tf)
+        raw["tokens_file"] = tf
     raw.update(overrides)
     try:
         return Settings.model_validate(raw)

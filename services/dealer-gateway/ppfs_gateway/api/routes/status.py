@@ -5,7 +5,9 @@ one ``/v1/deployment`` serves), with a short deadline, and reports whether it an
 how fast, what it runs, the SHA-256 fingerprints of the public keys and
 certificates it reports, and when the first of them ends (a warning within
 :data:`ppfs.pki.RENEW_WITHIN`, a problem once ended); likewise for the gateway's own
-certificates. Kept apart from ``/v1/deployment``, which clients encode with.
+certificates and, to an admin, for the bearer tokens that end within 30 days or have
+ended (by role and subject, never the token). Kept apart from ``/v1/deployment``, which
+clients encode with.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ppfs.pki import Lifetime, certificate_end
 from ppfs.step2a import Security
 from ppfs.v1 import party_pb2 as pb
 from ppfs_gateway.api.deps import PartiesDep, PrincipalDep, ResourcesDep
-from ppfs_gateway.core.config import Settings
+from ppfs_gateway.core.config import Role, Settings
 from ppfs_gateway.parties import Parties, PartyClient
 
 router = APIRouter(tags=["deployment"])
@@ -82,7 +84,8 @@ class DeploymentStatusOut(BaseModel):
     scheme: str
     securities: list[str]
     parties: list[PartyStatusOut]
-    # the gateway's own certificates ending soon or ended
+    # the gateway's own certificates ending soon or ended; to an admin, also the bearer
+    # tokens ending soon or ended
     warnings: list[str] = []
 
 
@@ -236,10 +239,10 @@ def _short(text: str, limit: int = _MAX_TEXT) -> str:
 
 @router.get("/v1/deployment/status", response_model=DeploymentStatusOut)
 async def get_deployment_status(
-    _who: PrincipalDep, parties: PartiesDep, res: ResourcesDep,
+    who: PrincipalDep, parties: PartiesDep, res: ResourcesDep,
 ) -> DeploymentStatusOut:
     """Every party probed now: reachable, latency, engines and versions, key
-    fingerprints, certificates' ends."""
+    fingerprints, certificates' ends; to an admin, the tokens ending soon."""
     found = await asyncio.gather(*(_probe(parties, c) for c in parties.clients))
     n = len(found)
     # a party whose served identity is not the one it reports now (or could not report)
@@ -252,7 +255,8 @@ async def get_deployment_status(
         scheme="rep3" if n == 3 else "rep4",
         securities=[s.value for s in Security if s.parties == n],
         parties=list(found),
-        warnings=[*await asyncio.to_thread(gateway_warnings, res.settings), *stale],
+        warnings=[*await asyncio.to_thread(gateway_warnings, res.settings), *stale,
+                  *(res.tokens.ending() if who.role is Role.ADMIN else ())],
     )
 
 
