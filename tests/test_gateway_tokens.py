@@ -3,7 +3,8 @@
 - A token past its ``expires_at`` is refused with 401 saying it expired and when, never
   the token, its hash or whose it was; a valid token beside it still works.
 - A token ending within 30 days is logged at start and shown to an admin in
-  /v1/deployment/status (by role and subject; no token anywhere).
+  /v1/deployment/status (by role and subject; no token anywhere); the metrics give each
+  role's soonest end, for alerts.
 - A malformed ``expires_at`` in the tokens file stops the start, naming the field and the
   entry, never a token.
 - ``ppfs gateway serve`` reads its tokens file again on SIGHUP: a new token works and a
@@ -48,6 +49,10 @@ def _leaks(text: str, secrets: list[str]) -> list[str]:
     """Which of ``secrets`` (or their SHA-256, hex) appear in ``text``."""
     return [s for s in secrets
             if s in text or hashlib.sha256(s.encode()).hexdigest() in text]
+
+
+def _at(entry: dict[str, Any]) -> float:
+    return dt.datetime.fromisoformat(entry["expires_at"]).timestamp()
 
 
 def _bearer(token: str) -> dict[str, str]:
@@ -115,7 +120,14 @@ def test_a_token_ending_within_30_days_is_logged_and_shown_to_an_admin(
         ana = httpx.get(gw.url + "/v1/deployment/status", headers=_bearer(by["ana"]))
         assert ana.status_code == 200, ana.text
         assert not [w for w in ana.json()["warnings"] if "token" in w], ana.json()
-        answers = admin.text + ana.text
+        # for alerts: per role, the soonest end (no subject, no token)
+        scraped = httpx.get(gw.url + "/metrics", headers=_bearer(by["root"]))
+        assert scraped.status_code == 200, scraped.text
+        ends = {line.split('"')[1]: float(line.split()[-1]) for line in scraped.text.splitlines()
+                if line.startswith("ppfs_gateway_token_expiry_timestamp_seconds{")}
+        assert ends == {"analyst": _at(cfg[1]), "data_owner": _at(cfg[2])}, ends
+        assert not [x for x in ("root", "ana", "olga") if f'"{x}"' in scraped.text]
+        answers = admin.text + ana.text + scraped.text
     assert not _leaks(caplog.text + answers, list(by.values()))
 
 

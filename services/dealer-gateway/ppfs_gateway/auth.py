@@ -109,6 +109,15 @@ class TokenTable:
         """Lines for the tokens that have ended or end within 30 days."""
         return ending_lines(self._by_hash.values(), now or dt.datetime.now(dt.UTC))
 
+    def earliest_ends(self) -> dict[Role, dt.datetime]:
+        """Per role, the soonest end among its tokens that have one."""
+        out: dict[Role, dt.datetime] = {}
+        for k in self._by_hash.values():
+            end, role = k.expires_at, k.principal.role
+            if end is not None and (role not in out or end < out[role]):
+                out[role] = end
+        return out
+
     def log_ending(self) -> None:
         for line in self.ending():
             log.warning("[Gateway] %s", line)

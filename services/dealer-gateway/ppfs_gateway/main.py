@@ -309,6 +309,7 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
         app.include_router(module.router, responses=common)
     app.state.tokens = tokens
     metrics = app.state.metrics = GatewayMetrics()
+    metrics.watch_tokens(tokens)
     app.include_router(metrics_router)
     install_console(app)
 

@@ -42,6 +42,7 @@ from ppfs_gateway.jobs import job_failure_kind
 from ppfs_gateway.registry import FINAL_STATES, JobRecord
 
 if TYPE_CHECKING:
+    from ppfs_gateway.auth import TokenTable
     from ppfs_gateway.jobs import JobCoordinator
     from ppfs_gateway.registry import Registry
 
@@ -78,11 +79,34 @@ class _JobsByState(Collector):
         yield g
 
 
+class _TokenEnds(Collector):
+    """``ppfs_gateway_token_expiry_timestamp_seconds{role}``: per role, the soonest end
+    among the tokens in force that have one, read at scrape time (a reload shows at
+    once). By role only: which subject's token it is, an admin reads in
+    /v1/deployment/status."""
+
+    def __init__(self) -> None:
+        self.tokens: TokenTable | None = None
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        g = GaugeMetricFamily(
+            "ppfs_gateway_token_expiry_timestamp_seconds",
+            "Per role, when the first of its bearer tokens that have an end ends (Unix time)",
+            labels=["role"],
+        )
+        ends = self.tokens.earliest_ends() if self.tokens is not None else {}
+        for role, end in sorted(ends.items()):
+            g.add_metric([role.value], end.timestamp())
+        yield g
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self._jobs_now = _JobsByState()
         r.register(self._jobs_now)
+        self._token_ends = _TokenEnds()
+        r.register(self._token_ends)
         self.jobs_submitted = Counter(
             "ppfs_gateway_jobs_submitted", "Jobs accepted for submission",
             ["engine", "security"], registry=r,
@@ -134,6 +158,9 @@ class GatewayMetrics:
         )  # fmt: skip
         self._running: dict[str, float] = {}  # job id -> when it was seen running
         self._final: set[str] = set()
+
+    def watch_tokens(self, tokens: TokenTable) -> None:
+        self._token_ends.tokens = tokens
 
     # -- jobs --------------------------------------------------------------------
 
