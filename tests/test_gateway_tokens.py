@@ -97,6 +97,21 @@ def test_an_expired_token_is_refused_naming_its_end_and_a_valid_one_beside_it_wo
         assert not _leaks("\n".join(answers), [by["kasimir"]])
 
 
+def test_tokens_ending_at_the_same_time_are_listed_by_role_and_subject() -> None:
+    """Two tokens with one end (a batch issued together): both are named, in a fixed
+    order, and the gateway's start does not trip over comparing them."""
+    from ppfs_gateway.auth import Principal, _Known, ending_lines
+    from ppfs_gateway.core.config import Role
+
+    now = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
+    end = now + dt.timedelta(days=3)
+    lines = ending_lines([_Known(Principal(Role.DATA_OWNER, "zoe"), end),
+                          _Known(Principal(Role.ANALYST, "ana"), end),
+                          _Known(Principal(Role.DATA_OWNER, "bea"), end)], now)
+    assert [ln.split(" expires")[0] for ln in lines] == [
+        "the analyst token of ana", "the data_owner token of bea", "the data_owner token of zoe"]
+
+
 def test_a_token_ending_within_30_days_is_logged_and_shown_to_an_admin(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -68,8 +68,9 @@ def ending_lines(entries: Iterable[_Known], now: dt.datetime,
                  within: dt.timedelta = RENEW_WITHIN) -> list[str]:
     """One line per token that has ended or ends within ``within``, soonest first, by
     role and subject (never the token)."""
-    ending = sorted((k.expires_at, k.principal) for k in entries
-                    if k.expires_at is not None and k.expires_at - now <= within)
+    ending = sorted(((k.expires_at, k.principal) for k in entries
+                     if k.expires_at is not None and k.expires_at - now <= within),
+                    key=lambda e: (e[0], e[1].role.value, e[1].subject))
     out = []
     for end, who in ending:
         whose = f"the {who.role.value} token of {who.subject}"
