@@ -51,7 +51,15 @@ from ppfs.holdings import Held, new_challenge, open_holdings
 from ppfs.keycert import NoTrustAnchor, TrustAnchor, UntrustedPartyKey, verify_party_keys
 from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.step2a import draw_mask_words, unmask_all
-from ppfs.upload import SIGNED_AT_FORMAT, Manifest, Repair, pack_bundles, seal, sign_manifest
+from ppfs.upload import (
+    MAX_SUPERSEDED,
+    SIGNED_AT_FORMAT,
+    Manifest,
+    Repair,
+    pack_bundles,
+    seal,
+    sign_manifest,
+)
 from ppfs.withdrawal import (
     ReceiptRejected,
     Revocation,
@@ -652,10 +660,11 @@ class GatewayClient:
         data set (:meth:`refuse_repeated_upload`; ``again=True``: send them once more all
         the same). ``source``: where the table was read from, for that message."""
         digest = table_digest(keys, table)  # kept on this machine only, never sent
-        if not again:
-            self.refuse_repeated_upload(keys, dataset_id, digest, source=source)
+        replaces = () if again else self.refuse_repeated_upload(keys, dataset_id, digest,
+                                                                 source=source)
         dep = deployment or self.deployment()
-        body = build_upload(keys, table, dataset_id, dep, exponents=exponents)
+        body = build_upload(keys, table, dataset_id, dep, exponents=exponents,
+                            supersedes=replaces)
         # kept before it leaves: for `ppfs datasets repair`, and so that a retry of an
         # upload whose answer never came is checked against what became of it
         save_sent(keys, dataset_id, body, table_sha256=digest)
@@ -689,16 +698,19 @@ class GatewayClient:
 
     def refuse_repeated_upload(
         self, keys: ClientKeys, dataset_id: str, digest: str, *, source: str = ""
-    ) -> None:
+    ) -> tuple[str, ...]:
         """RepeatedUpload if this key file already sent the table of ``digest``
         (:func:`ppfs_client.sent.table_digest`) into ``dataset_id`` and that upload was
         added, or may still be (a party holds its part). Only when a kept record matches
         is the gateway asked, and only for the data set's uploads by id: the digest never
         leaves this machine. An earlier upload that the gateway neither recorded nor any
-        party holds was refused or cut off and aborted: its rows were never added."""
+        party holds was refused or cut off and aborted: its rows were never added. Those
+        earlier uploads' ids (the most recent :data:`ppfs.upload.MAX_SUPERSEDED`), for the
+        new upload to replace (:attr:`ppfs.upload.Manifest.supersedes`): the parties then
+        enforce, whatever the gateway answered here, that at most one of them is used."""
         earlier = earlier_uploads(keys, dataset_id, digest)
         if not earlier:
-            return
+            return ()
         try:
             check = self.check_dataset(dataset_id)
             recorded = {str(u["upload_id"]) for u in check["recorded"]}
@@ -720,6 +732,7 @@ class GatewayClient:
                     f"it is not part of the data set, but {held[e.upload_id]} still holds "
                     f"its part: it may yet be added or dropped; `ppfs datasets check "
                     f"{dataset_id}` shows when it is settled", source=source)
+        return tuple(e.upload_id for e in earlier[-MAX_SUPERSEDED:])
 
     # -- all-or-nothing uploads: what every party holds, and repairs ------------------
 
@@ -974,8 +987,10 @@ def build_upload(
     raw: np.ndarray | None = None,
     kind: str = "data",
     upload_id: str | None = None,
+    supersedes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Encode, share, pack, seal per party and sign: the body of one upload."""
+    """Encode, share, pack, seal per party and sign: the body of one upload
+    (``supersedes``: the earlier uploads of the same rows it replaces)."""
     fp = dep.fixed_point
     if raw is None:
         exps = (
@@ -1007,6 +1022,7 @@ def build_upload(
         for bundles, p in zip(per_party, dep.parties, strict=True)
     ]
     manifest = Manifest(
+        supersedes=tuple(supersedes),
         recipient_public_key=(base64.b64encode(keys.box_public_key).decode()
                               if kind == "mask" else ""),
         dataset_id=dataset_id,

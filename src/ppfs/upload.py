@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 import struct
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -51,11 +52,20 @@ class Manifest:
     # signed with the recipient's own key: a party uses the masks only for a job whose
     # result is sealed to that key. Left out of the canonical form when empty.
     recipient_public_key: str = ""
+    # Earlier uploads of the same rows into the data set that this one replaces (their
+    # ids): the owner sent them, was never told they were added, and sends the rows again.
+    # A party that holds one of them refuses this upload; otherwise it refuses them from
+    # then on, so that at most one of them is ever used. Left out when empty.
+    supersedes: tuple[str, ...] = ()
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
         if not self.recipient_public_key:
             del d["recipient_public_key"]
+        if self.supersedes:
+            d["supersedes"] = list(self.supersedes)
+        else:
+            del d["supersedes"]
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -76,6 +86,7 @@ class Manifest:
                 part_sha256=tuple(str(h) for h in d["part_sha256"]),
                 created_at=str(d["created_at"]),
                 recipient_public_key=str(d.get("recipient_public_key", "")),
+                supersedes=_superseded(d),
             )
         except (ValueError, KeyError, TypeError):
             raise UploadRejected("upload manifest is malformed") from None
@@ -99,6 +110,23 @@ class Manifest:
         signed in the manifest, then by upload id. Every party and the gateway stack a
         data set's rows in this order, fixed by the owners' signatures alone."""
         return self.signed_at(), self.upload_id
+
+
+MAX_SUPERSEDED = 16  # earlier uploads one upload may replace
+_UPLOAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def _superseded(d: dict[str, object]) -> tuple[str, ...]:
+    """A manifest's ``supersedes``: distinct upload ids, not its own, at most
+    :data:`MAX_SUPERSEDED`; ValueError otherwise."""
+    ids = d.get("supersedes", [])
+    if not isinstance(ids, list) or (not ids and "supersedes" in d):
+        raise ValueError
+    if len(ids) > MAX_SUPERSEDED or len(set(ids)) != len(ids) or d["upload_id"] in ids:
+        raise ValueError
+    if not all(isinstance(u, str) and _UPLOAD_ID.match(u) for u in ids):
+        raise ValueError
+    return tuple(ids)
 
 
 def sealed_size_range(manifest: Manifest, components: int) -> tuple[int, int]:

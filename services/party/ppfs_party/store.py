@@ -195,6 +195,9 @@ WITHDRAWN = b"withdrawn "
 # how the tombstone of a staged part the party aborted itself, undecided for too long,
 # begins: a late commit is refused saying so
 EXPIRED = b"expired "
+# how the tombstone of an upload another one replaced (Manifest.supersedes) begins, with
+# the id of the one that replaced it
+SUPERSEDED = b"superseded by "
 # the file in a staged part's directory that holds when this party stored it
 RECEIVED_AT = "received_at"
 
@@ -807,7 +810,7 @@ class ShareStore:
             "upload.accepted", dataset_id=m.dataset_id, upload_id=m.upload_id,
             owner_id=m.owner_id, kinds=sorted(stored.kinds), rows=m.rows,
             columns=len(m.columns), scheme=m.scheme, manifest_sha256=m.digest(),
-            staged=header.staged,
+            staged=header.staged, **({"supersedes": list(m.supersedes)} if m.supersedes else {}),
         )
         return stored
 
@@ -868,6 +871,7 @@ class ShareStore:
                                          "while it arrived here")
                 if self._refused(uid):
                     self._check_revival(header, owner_key)
+                await self._supersede_locked(manifest)
                 try:
                     stored = await asyncio.to_thread(self._commit, header, manifest, bundles)
                 except OSError as exc:  # nothing of it kept (_commit clears its files)
@@ -889,6 +893,29 @@ class ShareStore:
             return stored
         finally:
             self._inflight.discard(manifest.upload_id)
+
+    async def _supersede_locked(self, manifest: Manifest) -> None:
+        """Refuse, from now on, the earlier uploads ``manifest`` replaces (the owner sent
+        the same rows again, never told they were added), so that at most one of them is
+        ever used; UploadRejected, and nothing refused, if this party holds one of them
+        (committed, staged, arriving, or set aside as damaged): both would count the same
+        rows. Holds ``self._lock``."""
+        for sid in manifest.supersedes:
+            if (sid in self._uploads or sid in self._staged or sid in self._inflight
+                    or sid in self._damaged):
+                raise UploadRejected(
+                    f"upload {manifest.upload_id!r} replaces upload {sid!r}, which this party "
+                    "holds: the same rows would count twice")
+        for sid in manifest.supersedes:
+            tombstone = SUPERSEDED + manifest.upload_id.encode()
+            if sid in self._expired:
+                # expired here undecided: refused for good now (no repair brings it back)
+                try:
+                    await asyncio.to_thread(write_durable, self.aborted_dir / sid, tombstone)
+                except OSError as exc:
+                    raise storage_error(exc, "recording the uploads it replaces") from None
+                self._expired.discard(sid)
+            await self._abort_locked(sid, tombstone)
 
     async def _receive(self, size: int, chunks: AsyncIterator[bytes]) -> bytes:
         """The sealed bytes, within this party's time for a part of ``size`` bytes: a
