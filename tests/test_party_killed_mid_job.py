@@ -160,3 +160,38 @@ def test_a_party_frozen_mid_job_is_named(tmp_path: Path, cache: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGCONT)
         s.close()
+
+
+def test_a_party_killed_before_the_engines_connect_is_named_before_their_time_out(
+    tmp_path: Path,
+) -> None:
+    # killed while the job compiles (its own compile cache, so that every party compiles
+    # for seconds): the others' engines then wait for it to connect, up to MP-SPDZ's
+    # 60 s, and the gateway's silence limit is 60 s too; its address refusing
+    # connections names it well before either
+    s = make_stack(tmp_path, cluster=DaemonCluster(3, tmp_path, engines=("mp-spdz",),
+                                                   mpspdz_cache=tmp_path / "cache"))
+    try:
+        _, ids, _ = horizontal_setup(s, m=64, p=4)
+        box = s.keys["analyst-1"].box_public_key
+        for owner, ds in zip(("owner-a", "owner-b"), ids, strict=True):
+            s.client(owner).consent(s.keys[owner], ds, "analyst-1", box)
+        analyst = s.client("analyst-1")
+        job = analyst.submit(s.keys["analyst-1"], ids, label="label", k=2, engine="mp-spdz",
+                             security="active-3pc")
+        server = s.cluster.servers[2]
+        assert server is not None
+        pid = int(server.proc.pid)
+        deadline = time.monotonic() + 30
+        while analyst.get_job(job["id"])["state"] != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not _has_engine(pid)  # still compiling: no engine has connected
+        _kill_party(pid)
+        t0 = time.monotonic()
+        done = wait_final(analyst, job["id"], timeout=BOUND)
+        assert done["state"] == "failed", done
+        assert done["error"] == "lost the connection to Carol", done
+        assert time.monotonic() - t0 < BOUND
+    finally:
+        s.close()
