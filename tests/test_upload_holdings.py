@@ -7,13 +7,14 @@ turned by replacing its calls to the parties (ppfs_gateway.parties.PartyClient).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from nacl.signing import SigningKey
-from ppfs_client.sdk import UploadNotConfirmed
+from ppfs_client.sdk import GatewayClient, UploadNotConfirmed
 from ppfs_gateway.parties import PartyClient
 from service_fakes import RealCluster, Stack, make_stack, owner_table, run_cli
 
@@ -157,3 +158,45 @@ def test_a_party_refuses_a_request_without_a_proper_challenge(stack: Stack) -> N
             ("owner-a", "../d1", bytes(32), "names its data set by id")):
         with pytest.raises(Exception, match=why):
             party.holdings(owner, ds, challenge)
+
+
+def test_a_gateway_that_leaves_an_upload_out_of_its_record_cannot_hide_that_a_party_lacks_it(
+    stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ppfs datasets holdings` checks every upload a party's signed statement lists,
+    not only those the gateway's record names: a gateway that never commits Carol's part
+    and then leaves the upload out of its record is still caught."""
+    s = stack
+    a = s.client("owner-a")
+    ds = a.create_dataset("unrecorded")["id"]
+    t = make_table(20, 3, seed=7)
+    a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, 10)), ds)
+    decide = PartyClient.decide_upload
+
+    async def turned(self: PartyClient, dataset_id: str, upload_id: str, commit: bool,
+                     timeout: float | None = None) -> Any:
+        if self.index == 2 and commit:  # Carol's commit, acknowledged in her name
+            return pb.UploadDecisionResponse(upload_id=upload_id,
+                                             status=pb.UPLOAD_STATUS_COMMITTED)
+        return await decide(self, dataset_id, upload_id, commit, timeout)
+
+    monkeypatch.setattr(PartyClient, "decide_upload", turned)
+    with pytest.raises(UploadNotConfirmed):
+        a.upload_table(s.keys["owner-a"], owner_table(t, slice(10, 20)), ds,
+                       exponents=a.get_dataset(ds)["column_exponents"])
+    staged = next(u for u, st in _held_at(s, 2, ds).items() if st == "staged")
+    # the gateway's answer to `check` now leaves that upload out of its record
+    check = GatewayClient.check_dataset
+
+    def hiding(self: GatewayClient, dataset_id: str) -> dict[str, Any]:
+        got = check(self, dataset_id)
+        got["recorded"] = [u for u in got["recorded"] if u["upload_id"] != staged]
+        return got
+
+    monkeypatch.setattr(GatewayClient, "check_dataset", hiding)
+    rc, out, err = run_cli(capsys, s, "owner-a", "datasets", "holdings", ds, "--json")
+    assert rc == 1, err
+    said = json.loads(out)
+    assert {"party": "Carol", "reason": f"it holds upload {staged} staged, not committed"} \
+        in said["not_holding"], said
+    assert [n["party"] for n in said["not_holding"]] == ["Carol"], said

@@ -551,8 +551,18 @@ def _datasets_holdings(args: argparse.Namespace) -> int:
                     or str(u.get("manifest_sha256", ""))
                     for u in client.check_dataset(args.dataset_id)["recorded"]
                     if u["owner_id"] == keys.subject}
-    short = []  # (party, why) for every upload of yours the gateway records
-    for upload_id, digest in sorted(recorded.items()):
+    # and every upload of yours a party's signed statement lists, whatever the gateway's
+    # record says: one it leaves out would hide a party that holds it only staged, or not
+    # at all, while the others hold it committed
+    listed: dict[str, str] = {}
+    for _, held in h.confirmed:
+        for u in held:
+            listed.setdefault(u.upload_id, u.manifest_sha256)
+    unrecorded = sorted(set(listed) - set(recorded))
+    expected = {**{u: _kept_manifest_sha256(keys, u) or listed[u] for u in unrecorded},
+                **recorded}
+    short = []  # (party, why) for every upload of yours recorded or listed by a party
+    for upload_id, digest in sorted(expected.items()):
         short += [(n, why) for n, why in h.missing(upload_id, digest)
                   if (n, why) not in h.unconfirmed]
     for name, held in h.confirmed:
@@ -562,6 +572,9 @@ def _datasets_holdings(args: argparse.Namespace) -> int:
         print(f"{inline(name)}: holds {said} (its signed statement)", file=sys.stderr)
     for name, why in short:
         print(f"{inline(name)}: NOT holding: {inline(why)}", file=sys.stderr)
+    for upload_id in unrecorded:
+        print(f"upload {inline(upload_id)}: held by a party but not in the gateway's record",
+              file=sys.stderr)
     _unconfirmed(h.unconfirmed, f"did not state what it holds of {h.dataset_id}",
                  f"ppfs datasets holdings {h.dataset_id}")
     _out(args, {"dataset_id": h.dataset_id,
@@ -570,8 +583,10 @@ def _datasets_holdings(args: argparse.Namespace) -> int:
                      "rows": u.rows, "status": u.status} for u in held]}
                     for n, held in h.confirmed],
                 "not_holding": [{"party": n, "reason": why} for n, why in short],
+                "unrecorded": unrecorded,
                 "unconfirmed": [{"party": n, "reason": why} for n, why in h.unconfirmed]},
-         f"{len(recorded)} upload(s) of yours recorded in {h.dataset_id}; "
+         f"{len(recorded)} upload(s) of yours recorded in {h.dataset_id}"
+         + (f", {len(unrecorded)} more held but not recorded" if unrecorded else "") + "; "
          f"{len(h.confirmed)} of {len(h.confirmed) + len(h.unconfirmed)} parties answered"
          + ("" if not short else f"; {len(short)} not held as recorded"))
     return EXIT_FAILED if h.unconfirmed or short else 0

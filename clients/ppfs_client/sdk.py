@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import functools
 import hashlib
 import json
 import ssl
@@ -208,12 +209,18 @@ class Holdings:
     confirmed: tuple[tuple[str, tuple[Held, ...]], ...]
     unconfirmed: tuple[tuple[str, str], ...]
 
+    @functools.cached_property
+    def _by_id(self) -> tuple[dict[str, Held], ...]:
+        # each party's statement by upload id (its first entry of an id), so that checking
+        # every one of an owner's thousands of uploads reads each statement once
+        return tuple({u.upload_id: u for u in reversed(held)} for _, held in self.confirmed)
+
     def missing(self, upload_id: str, manifest_sha256: str) -> list[tuple[str, str]]:
         """(party name, why) for every party not confirming that it holds the upload
         of this manifest committed."""
         out = list(self.unconfirmed)
-        for name, held in self.confirmed:
-            h = next((u for u in held if u.upload_id == upload_id), None)
+        for (name, _), by_id in zip(self.confirmed, self._by_id, strict=True):
+            h = by_id.get(upload_id)
             if h is None:
                 out.append((name, f"its signed statement does not list upload {upload_id}"))
             elif h.manifest_sha256 != manifest_sha256:
