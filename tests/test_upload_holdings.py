@@ -200,3 +200,26 @@ def test_a_gateway_that_leaves_an_upload_out_of_its_record_cannot_hide_that_a_pa
     assert {"party": "Carol", "reason": f"it holds upload {staged} staged, not committed"} \
         in said["not_holding"], said
     assert [n["party"] for n in said["not_holding"]] == ["Carol"], said
+
+
+@pytest.mark.parametrize("answer", [{"parties": None}, {"parties": 7}, {},
+                                    {"parties": [{"index": 2, "receipt": ["x"]}, "Carol"]}])
+def test_a_malformed_answer_to_the_holdings_route_leaves_the_upload_unconfirmed(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, answer: dict[str, Any]
+) -> None:
+    """Whatever the gateway answers on the holdings route, `upload_table` raises
+    UploadNotConfirmed naming every party, never another error type an SDK caller would
+    not expect after its rows were sent."""
+    s = stack
+    a = s.client("owner-a")
+    ds = a.create_dataset("malformed")["id"]
+    call = GatewayClient._call
+
+    def turned(self: GatewayClient, method: str, path: str, body: Any = None) -> Any:
+        return answer if path.endswith("/holdings") else call(self, method, path, body)
+
+    monkeypatch.setattr(GatewayClient, "_call", turned)
+    with pytest.raises(UploadNotConfirmed) as info:
+        a.upload_table(s.keys["owner-a"], owner_table(make_table(10, 3, seed=9)), ds)
+    for name in ("Alice", "Bob", "Carol"):
+        assert f"{name} did not confirm it holds it" in str(info.value), info.value

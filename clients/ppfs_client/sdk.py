@@ -240,7 +240,9 @@ def _receipts(
     ReceiptRejected): (party name, what ``check`` returns) for those that hold, (party
     name, why) for the others, in party order."""
     answers: dict[int, dict[str, Any]] = {}
-    for a in got.get("parties", []):
+    listed = got.get("parties")
+    # the gateway's words: anything but a list names no party's receipt
+    for a in listed if isinstance(listed, list) else ():
         if isinstance(a, dict) and isinstance(a.get("index"), int):
             answers.setdefault(a["index"], a)
     confirmed, unconfirmed = [], []
