@@ -120,8 +120,13 @@ def test_the_same_file_twice_into_a_data_set_is_refused_before_anything_is_sent(
     when = records(stack, "owner-a")[first]["sent_at"]
     assert when in line  # when the earlier upload was made
     # nothing was sent: no data set made, no upload, no part at any party, the data set
-    # as it was (the gateway was only asked what the data set holds)
-    assert sent.posts("") == [] and parts_received(stack) == before
+    # as it was (the gateway was only asked what the data set holds, and the parties,
+    # through it, to confirm in their signed words that they hold the earlier upload:
+    # a request carrying a fresh challenge and nothing else)
+    (asked,) = sent.posts("")
+    assert asked.endswith(f"/v1/datasets/{ds}/holdings") and parts_received(stack) == before
+    (body,) = [b for m, u, b in sent.requests if u == asked]
+    assert json.loads(body.split(b"\n")[-1]).keys() == {"challenge"}
     d = stack.client("owner-a").get_dataset(ds)
     assert d["rows"] == 16 and d["upload_ids"] == [first]
     assert list(records(stack, "owner-a")) == [first]  # no record of an upload not made

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from nacl.signing import SigningKey
-from ppfs_client.sdk import GatewayClient, UploadNotConfirmed
+from ppfs_client.sdk import ApiError, GatewayClient, UploadNotConfirmed
 from ppfs_gateway.parties import PartyClient
 from service_fakes import RealCluster, Stack, make_stack, owner_table, run_cli
 
@@ -223,3 +223,46 @@ def test_a_malformed_answer_to_the_holdings_route_leaves_the_upload_unconfirmed(
         a.upload_table(s.keys["owner-a"], owner_table(make_table(10, 3, seed=9)), ds)
     for name in ("Alice", "Bob", "Carol"):
         assert f"{name} did not confirm it holds it" in str(info.value), info.value
+
+
+def test_a_retried_upload_is_not_called_added_on_the_gateways_word(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway aborts an upload at every party, records it as added and drops the
+    owner's connection before the client could check the parties' statements. Run
+    again, the upload is not refused as "part of the data set" on the gateway's record:
+    the parties' signed statements, which do not list it, are asked first."""
+    s = stack
+    a = s.client("owner-a")
+    ds = a.create_dataset("retried")["id"]
+    t = make_table(10, 3, seed=11)
+    decide = PartyClient.decide_upload
+
+    async def turned(self: PartyClient, dataset_id: str, upload_id: str, commit: bool,
+                     timeout: float | None = None) -> Any:
+        if commit:  # aborted at the party, acknowledged as committed in its name
+            await decide(self, dataset_id, upload_id, False, timeout)
+            return pb.UploadDecisionResponse(upload_id=upload_id,
+                                             status=pb.UPLOAD_STATUS_COMMITTED)
+        return await decide(self, dataset_id, upload_id, commit, timeout)
+
+    post = GatewayClient.post_upload
+
+    def dropped(self: GatewayClient, dataset_id: str, body: dict[str, Any],
+                progress: Any = None) -> dict[str, Any]:
+        post(self, dataset_id, body, progress)
+        raise ApiError(0, "gateway unreachable", "the connection was dropped")
+
+    monkeypatch.setattr(PartyClient, "decide_upload", turned)
+    monkeypatch.setattr(GatewayClient, "post_upload", dropped)
+    with pytest.raises(ApiError, match="Running the same upload again"):
+        a.upload_table(s.keys["owner-a"], owner_table(t), ds)
+    (upload_id,) = a.get_dataset(ds)["upload_ids"]  # the gateway's record: added
+    assert all(_held_at(s, i, ds) == {} for i in range(3))  # no party holds it
+    monkeypatch.undo()
+    with pytest.raises(UploadNotConfirmed) as info:
+        a.upload_table(s.keys["owner-a"], owner_table(t), ds)
+    said = str(info.value)
+    for name in ("Alice", "Bob", "Carol"):
+        assert (f"{name} did not confirm it holds it: its signed statement does not list "
+                f"upload {upload_id}") in said, said

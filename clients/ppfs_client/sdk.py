@@ -71,14 +71,15 @@ from ppfs.withdrawal import (
     open_revocation_receipt,
 )
 from ppfs_client.keys import ClientKeys
-from ppfs_client.sent import RepeatedUpload as RepeatedUpload  # an owner's refusal
 from ppfs_client.sent import (
+    EarlierUpload,
     earlier_uploads,
     load_sent,
     repeat_refused,
     save_sent,
     table_digest,
 )
+from ppfs_client.sent import RepeatedUpload as RepeatedUpload  # an owner's refusal
 
 MASK_COLUMNS = ("mask_w0", "mask_w1")
 Progress = Callable[[int, int], None]  # (bytes sent, total)
@@ -669,9 +670,9 @@ class GatewayClient:
         data set (:meth:`refuse_repeated_upload`; ``again=True``: send them once more all
         the same). ``source``: where the table was read from, for that message."""
         digest = table_digest(keys, table)  # kept on this machine only, never sent
-        replaces = () if again else self.refuse_repeated_upload(keys, dataset_id, digest,
-                                                                 source=source)
         dep = deployment or self.deployment()
+        replaces = () if again else self.refuse_repeated_upload(
+            keys, dataset_id, digest, source=source, deployment=dep if confirm else None)
         body = build_upload(keys, table, dataset_id, dep, exponents=exponents,
                             supersedes=replaces)
         # kept before it leaves: for `ppfs datasets repair`, and so that a retry of an
@@ -694,8 +695,7 @@ class GatewayClient:
         if confirm:
             upload_id = str(body["upload_id"])
             digest = hashlib.sha256(base64.b64decode(body["manifest"])).hexdigest()
-            missing = self.holdings(keys, dataset_id, dep).missing(upload_id, digest)
-            if missing:
+            if missing := self.holdings(keys, dataset_id, dep).missing(upload_id, digest):
                 raise UploadNotConfirmed(
                     f"the gateway says upload {upload_id} was added to data set "
                     f"{dataset_id}, but " + "; ".join(f"{n} did not confirm it holds it: "
@@ -706,7 +706,8 @@ class GatewayClient:
         return added
 
     def refuse_repeated_upload(
-        self, keys: ClientKeys, dataset_id: str, digest: str, *, source: str = ""
+        self, keys: ClientKeys, dataset_id: str, digest: str, *, source: str = "",
+        deployment: Deployment | None = None,
     ) -> tuple[str, ...]:
         """RepeatedUpload if this key file already sent the table of ``digest``
         (:func:`ppfs_client.sent.table_digest`) into ``dataset_id`` and that upload was
@@ -716,7 +717,11 @@ class GatewayClient:
         party holds was refused or cut off and aborted: its rows were never added. Those
         earlier uploads' ids (the most recent :data:`ppfs.upload.MAX_SUPERSEDED`), for the
         new upload to replace (:attr:`ppfs.upload.Manifest.supersedes`): the parties then
-        enforce, whatever the gateway answered here, that at most one of them is used."""
+        enforce, whatever the gateway answered here, that at most one of them is used.
+        With ``deployment``, an earlier upload the gateway records as added counts as
+        added only once every party states, signed, that it holds it committed (as after
+        an upload, :meth:`holdings`): UploadNotConfirmed, naming the party, otherwise (a
+        retry of an upload whose answer never came would else take the gateway's word)."""
         earlier = earlier_uploads(keys, dataset_id, digest)
         if not earlier:
             return ()
@@ -732,6 +737,8 @@ class GatewayClient:
                 source=source) from None
         for e in earlier:
             if e.upload_id in recorded:
+                if deployment is not None:
+                    self._confirm_earlier(keys, dataset_id, e, check, deployment)
                 raise repeat_refused(e, dataset_id, "it is part of the data set",
                                      source=source)
         for e in earlier:
@@ -742,6 +749,28 @@ class GatewayClient:
                     f"its part: it may yet be added or dropped; `ppfs datasets check "
                     f"{dataset_id}` shows when it is settled", source=source)
         return tuple(e.upload_id for e in earlier[-MAX_SUPERSEDED:])
+
+    def _confirm_earlier(self, keys: ClientKeys, dataset_id: str, e: EarlierUpload,
+                         check: dict[str, Any], deployment: Deployment) -> None:
+        """UploadNotConfirmed unless every party states, signed, that it holds the
+        earlier upload ``e`` committed, under the manifest this key file kept for it (or,
+        none kept, the one the gateway records)."""
+        try:
+            manifest = hashlib.sha256(base64.b64decode(load_sent(keys, e.upload_id)[
+                "manifest"])).hexdigest()
+        except (ParameterError, OSError, ValueError, KeyError, TypeError):
+            manifest = next((str(u.get("manifest_sha256", "")) for u in check["recorded"]
+                             if str(u.get("upload_id")) == e.upload_id), "")
+        missing = self.holdings(keys, dataset_id, deployment).missing(e.upload_id, manifest)
+        if missing:
+            raise UploadNotConfirmed(
+                f"these rows were already sent into data set {dataset_id} as upload "
+                f"{e.upload_id} at {e.sent_at}, and the gateway says it was added, but "
+                + "; ".join(f"{n} did not confirm it holds it: {why}" for n, why in missing)
+                + f". `ppfs datasets holdings {dataset_id}` asks the parties again; "
+                f"`ppfs datasets repair {dataset_id}` re-sends a part a party lost; sent "
+                "again (--again), the rows would count twice wherever the earlier upload "
+                "is held")
 
     # -- all-or-nothing uploads: what every party holds, and repairs ------------------
 
