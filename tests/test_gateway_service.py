@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -186,13 +187,23 @@ def test_a_party_whose_address_refuses_connections_fails_its_job_before_the_sile
         s.loop.run(s.cluster.stop_party(2))
         t0 = time.monotonic()
         seen = ""
+        left: list[tuple[float, int]] = []  # (when seen, seconds left it says)
         while analyst.get_job(job["id"])["state"] == "running":
             seen = analyst.get_job(job["id"])["parties"][2]["phase"] or seen
+            said = re.search(r"unless it is back within (\d+) s", seen)
+            if said and (not left or left[-1][1] != int(said[1])):
+                left.append((time.monotonic(), int(said[1])))
             assert time.monotonic() - t0 < 30, "not named within half the silence limit"
             time.sleep(0.2)
+        failed_at = time.monotonic()
         done = analyst.get_job(job["id"])
         assert done["state"] == "failed" and done["error"] == "lost the connection to Carol", done
         assert "its address refuses connections (stopped?)" in seen, seen
+        # the time it says is left counts down to the failure, not the whole wait each poll
+        assert len(left) >= 2 and [n for _, n in left] == sorted(
+            (n for _, n in left), reverse=True), left
+        for when, n in left:
+            assert failed_at - when <= n + 6, (left, failed_at)  # a poll's slack
     finally:
         s.loop.loop.call_soon_threadsafe(s.cluster.release.set)
         s.gateway.stop()

@@ -642,8 +642,10 @@ class JobCoordinator:
                                 and now - refused_since >= self.refused_seconds):
                             await self._fail(job_id, f"lost the connection to {c.name}")
                         else:
-                            self._note_silence(job_id, c, silent,
-                                               refused=refused_since is not None)
+                            self._note_silence(
+                                job_id, c, silent,
+                                refused_left=None if refused_since is None else
+                                self.refused_seconds - (now - refused_since))
                     next_poll = time.monotonic() + self.poll_seconds
                 if self._final(job_id):
                     break
@@ -655,17 +657,20 @@ class JobCoordinator:
                 await stream
 
     def _note_silence(self, job_id: str, c: PartyClient, silent: float,
-                      refused: bool = False) -> None:
+                      refused_left: float | None = None) -> None:
         """Show, as the party's phase, that it has not answered for ``silent`` seconds (a
-        frozen, overloaded or lost party; ``refused``: its address refuses connections),
-        so that a watcher learns what the job waits for before it fails; the party's
-        next answer puts its own phase back."""
+        frozen, overloaded or lost party; with ``refused_left``, one whose address
+        refuses connections, and the seconds left before the job fails for it), so that
+        a watcher learns what the job waits for before it fails; the party's next answer
+        puts its own phase back."""
         job = self.registry.get_job(job_id)
         if job is None or job.state in FINAL_STATES:
             return
+        # the time left, not the whole wait: said again at every poll, the whole wait
+        # would promise a party refused since then more time than it has
         phase = (f"no answer for {silent:.0f} s: its address refuses connections (stopped?)."
-                 f" The job fails unless it is back within {self.refused_seconds:g} s"
-                 if refused else
+                 f" The job fails unless it is back within {max(refused_left, 0):.0f} s"
+                 if refused_left is not None else
                  f"no answer for {silent:.0f} s: frozen or overloaded? The job fails at "
                  f"{self.lost_seconds:g} s of silence")
         now = replace(job.parties[c.index], phase=phase)
