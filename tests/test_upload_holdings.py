@@ -266,3 +266,36 @@ def test_a_retried_upload_is_not_called_added_on_the_gateways_word(
     for name in ("Alice", "Bob", "Carol"):
         assert (f"{name} did not confirm it holds it: its signed statement does not list "
                 f"upload {upload_id}") in said, said
+
+
+@pytest.mark.parametrize("other", ["owner", "dataset"])
+def test_a_gateway_that_asks_a_party_about_another_owner_or_data_set_is_caught(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, other: str
+) -> None:
+    """Carol's genuine statement, answering the owner's very challenge, but of another
+    owner's uploads (which hold the upload the gateway wants to pass off) or of another
+    data set: refused, naming Carol."""
+    s = stack
+    a, b = s.client("owner-a"), s.client("owner-b")
+    ds = a.create_dataset("mine")["id"]
+    ds2 = a.create_dataset("mine-too")["id"]
+    s.client("admin").grant(ds, "owner-b")
+    t = make_table(20, 3, seed=13)
+    a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, 10)), ds2)
+    b.upload_table(s.keys["owner-b"], owner_table(t, slice(0, 10)), ds)
+    relay = PartyClient.state_holdings
+
+    async def turned(self: PartyClient, dataset_id: str, owner_id: str,
+                     challenge: bytes) -> Any:
+        if self.index == 2:
+            if other == "owner":
+                owner_id = "owner-b"
+            else:
+                dataset_id = ds2
+        return await relay(self, dataset_id, owner_id, challenge)
+
+    monkeypatch.setattr(PartyClient, "state_holdings", turned)
+    h = a.holdings(s.keys["owner-a"], ds)
+    assert [n for n, _ in h.confirmed] == ["Alice", "Bob"]
+    assert h.unconfirmed == (
+        ("Carol", "Carol's statement of holdings is for another party, owner or data set"),)
