@@ -299,3 +299,43 @@ def test_a_gateway_that_asks_a_party_about_another_owner_or_data_set_is_caught(
     assert [n for n, _ in h.confirmed] == ["Alice", "Bob"]
     assert h.unconfirmed == (
         ("Carol", "Carol's statement of holdings is for another party, owner or data set"),)
+
+
+def test_an_upload_staged_only_and_unrecorded_is_named_not_counted_as_missing(
+    stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload every party holds only staged (its commit never sent) and that the
+    gateway does not record is in no data set: `datasets holdings` names it as such and
+    does not fail for it, as it does for one some party holds committed."""
+    s = stack
+    a = s.client("owner-a")
+    ds = a.create_dataset("undecided")["id"]
+    t = make_table(20, 3, seed=15)
+    a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, 10)), ds)
+    decide = PartyClient.decide_upload
+
+    async def turned(self: PartyClient, dataset_id: str, upload_id: str, commit: bool,
+                     timeout: float | None = None) -> Any:
+        if commit:  # never sent, acknowledged in every party's name
+            return pb.UploadDecisionResponse(upload_id=upload_id,
+                                             status=pb.UPLOAD_STATUS_COMMITTED)
+        return await decide(self, dataset_id, upload_id, commit, timeout)
+
+    monkeypatch.setattr(PartyClient, "decide_upload", turned)
+    with pytest.raises(UploadNotConfirmed):
+        a.upload_table(s.keys["owner-a"], owner_table(t, slice(10, 20)), ds,
+                       exponents=a.get_dataset(ds)["column_exponents"])
+    (staged,) = [u for u, st in _held_at(s, 0, ds).items() if st == "staged"]
+    check = GatewayClient.check_dataset
+
+    def hiding(self: GatewayClient, dataset_id: str) -> dict[str, Any]:
+        got = check(self, dataset_id)
+        got["recorded"] = [u for u in got["recorded"] if u["upload_id"] != staged]
+        return got
+
+    monkeypatch.setattr(GatewayClient, "check_dataset", hiding)
+    rc, out, err = run_cli(capsys, s, "owner-a", "datasets", "holdings", ds, "--json")
+    assert rc == 0, err
+    said = json.loads(out)
+    assert said["staged_only"] == [staged] and said["not_holding"] == [], said
+    assert f"upload {staged}: staged only, committed by no party" in err, err

@@ -551,14 +551,20 @@ def _datasets_holdings(args: argparse.Namespace) -> int:
                     or str(u.get("manifest_sha256", ""))
                     for u in client.check_dataset(args.dataset_id)["recorded"]
                     if u["owner_id"] == keys.subject}
-    # and every upload of yours a party's signed statement lists, whatever the gateway's
-    # record says: one it leaves out would hide a party that holds it only staged, or not
-    # at all, while the others hold it committed
+    # and every upload of yours a party's signed statement lists in its data set
+    # (committed, or set aside as damaged), whatever the gateway's record says: one it
+    # leaves out would hide a party that holds it only staged, or not at all, while the
+    # others hold it committed (and refuse every job that leaves it out)
     listed: dict[str, str] = {}
     for _, held in h.confirmed:
         for u in held:
-            listed.setdefault(u.upload_id, u.manifest_sha256)
+            if u.status != "staged":
+                listed.setdefault(u.upload_id, u.manifest_sha256)
     unrecorded = sorted(set(listed) - set(recorded))
+    # staged only, wherever listed: in no data set (a refused or cut-off upload whose
+    # abort has not reached every party yet, or one the gateway never committed)
+    undecided = sorted({u.upload_id for _, held in h.confirmed for u in held}
+                       - set(listed) - set(recorded))
     expected = {**{u: _kept_manifest_sha256(keys, u) or listed[u] for u in unrecorded},
                 **recorded}
     short = []  # (party, why) for every upload of yours recorded or listed by a party
@@ -575,6 +581,9 @@ def _datasets_holdings(args: argparse.Namespace) -> int:
     for upload_id in unrecorded:
         print(f"upload {inline(upload_id)}: held by a party but not in the gateway's record",
               file=sys.stderr)
+    for upload_id in undecided:
+        print(f"upload {inline(upload_id)}: staged only, committed by no party and not in "
+              "the gateway's record: no job uses it now", file=sys.stderr)
     _unconfirmed(h.unconfirmed, f"did not state what it holds of {h.dataset_id}",
                  f"ppfs datasets holdings {h.dataset_id}")
     _out(args, {"dataset_id": h.dataset_id,
@@ -583,7 +592,7 @@ def _datasets_holdings(args: argparse.Namespace) -> int:
                      "rows": u.rows, "status": u.status} for u in held]}
                     for n, held in h.confirmed],
                 "not_holding": [{"party": n, "reason": why} for n, why in short],
-                "unrecorded": unrecorded,
+                "unrecorded": unrecorded, "staged_only": undecided,
                 "unconfirmed": [{"party": n, "reason": why} for n, why in h.unconfirmed]},
          f"{len(recorded)} upload(s) of yours recorded in {h.dataset_id}"
          + (f", {len(unrecorded)} more held but not recorded" if unrecorded else "") + "; "
