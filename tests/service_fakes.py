@@ -100,10 +100,12 @@ class FakeParty(pb_grpc.PartyServiceServicer):
         self.reported_index: int | None = None
         self.stopping = False
         self.stop_seconds_left = 0
+        # the key statement it serves as signed once (None: signed anew for each call)
+        self.statement: tuple[bytes, bytes] | None = None
 
     async def GetIdentity(self, request: Any, context: Any) -> pb.PartyIdentity:
         ca = self.key_ca or self.cluster.ca
-        statement, signature = certify_party_keys(
+        statement, signature = self.statement or certify_party_keys(
             ca.key, ca.cert, self.index, PARTY_NAMES[self.index], bytes(self.box.public_key),
             bytes(self.signing.verify_key), validity=self.key_validity)
         return pb.PartyIdentity(

@@ -946,5 +946,16 @@ def _deployment(args: argparse.Namespace) -> int:
                   "operator to renew it (`ppfs pki sign`)", file=sys.stderr)
     lines.append(f"scheme {inline(raw['scheme'])}; security settings "
                  f"{', '.join(map(inline, raw['securities']))}")
+    rl = dep.revocations
+    if rl is not None:  # the CA's (checked against the trust anchor)
+        lines.append(f"revocation list issued {rl.issued_at}, stale after {rl.next_update} "
+                     f"({len(rl.revoked)} key statement{'s' * (len(rl.revoked) != 1)} "
+                     "revoked)")
+        if rl.stale_after - now <= dt.timedelta(days=1):
+            print(f"ppfs: warning: the deployment CA's revocation list "
+                  f"{'went' if rl.stale_after <= now else 'goes'} stale on "
+                  f"{rl.stale_after:%Y-%m-%d %H:%M} UTC: parties whose key statements ask "
+                  "for it are refused once it is stale; ask the deployment's operator to "
+                  "re-issue it (`ppfs pki revocations`)", file=sys.stderr)
     _out(args, raw, "\n".join(lines))
     return 0

@@ -49,7 +49,14 @@ from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import ParameterError, PpfsError, ShareFormatError
 from ppfs.fixedpoint import FixedPoint
 from ppfs.holdings import Held, new_challenge, open_holdings
-from ppfs.keycert import NoTrustAnchor, TrustAnchor, UntrustedPartyKey, verify_party_keys
+from ppfs.keycert import (
+    NoTrustAnchor,
+    RevocationList,
+    TrustAnchor,
+    UntrustedPartyKey,
+    open_revocations,
+    verify_party_keys,
+)
 from ppfs.sharing import Scheme, bundles_for_all
 from ppfs.step2a import draw_mask_words, unmask_all
 from ppfs.upload import (
@@ -272,6 +279,10 @@ class Deployment:
     scheme: Scheme
     securities: tuple[str, ...]
     fixed_point: FixedPoint
+    # the deployment CA's revocation list the gateway relayed, when it is the CA's (checked
+    # against the trust anchor; whether fresh enough is checked for each key statement
+    # that asks for it)
+    revocations: RevocationList | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any], trust: TrustAnchor) -> Deployment:
@@ -292,6 +303,8 @@ class Deployment:
         fp = d["fixed_point"]
         parties = []
         relayed_ca = str(d.get("deployment_ca_pem", "")).encode()
+        revocations = (base64.b64decode(str(d.get("revocation_list", ""))),
+                       base64.b64decode(str(d.get("revocation_list_signature", ""))))
         for pos, p in enumerate(d["parties"]):
             info = PartyInfo(
                 int(p["index"]),
@@ -310,7 +323,7 @@ class Deployment:
                 signing_public_key=info.signing_public_key,
                 statement=base64.b64decode(p.get("key_statement", "")),
                 signature=base64.b64decode(p.get("key_statement_signature", "")),
-                relayed_ca_pem=relayed_ca,
+                relayed_ca_pem=relayed_ca, revocations=revocations,
             )
             parties.append(replace(info, keys_valid_until=st.end))
         if len(parties) not in (3, 4):
@@ -328,8 +341,16 @@ class Deployment:
                 f"the gateway describes the sharing scheme {d['scheme']!r} for "
                 f"{len(parties)} certified parties (that is {scheme.value!r})"
             )
+        shown = None
+        if revocations[0]:  # shown when it is the CA's; required where a statement asks
+            try:
+                shown = open_revocations(trust.ca_certificate(relayed_ca), trust.sha256,
+                                         *revocations)
+            except UntrustedPartyKey:
+                shown = None
         return cls(parties=tuple(parties), scheme=scheme,
-                   securities=tuple(str(x) for x in d["securities"]), fixed_point=own)
+                   securities=tuple(str(x) for x in d["securities"]), fixed_point=own,
+                   revocations=shown)
 
 
 @dataclass(frozen=True)

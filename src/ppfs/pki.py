@@ -404,13 +404,15 @@ def single_common_name(name: x509.Name) -> str | None:
 
 def certify_party_key_request(
     ca: CertificateAuthority, request_path: Path, expected_index: int,
-    validity: dt.timedelta = LEAF_VALIDITY,
+    validity: dt.timedelta = LEAF_VALIDITY, revocable: bool = False,
 ) -> tuple[bytes, bytes]:
     """The CA's side of a party's key request (``party-keys.json``: index, name, public
     box and signing keys) for party ``expected_index``, the party the operator means to
     certify: check it and return (key statement, CA signature), valid for ``validity``
     and never beyond the CA certificate. A request naming another index or name is
-    refused (:class:`PartyRequestRefused`)."""
+    refused (:class:`PartyRequestRefused`). ``revocable``: clients trust the statement
+    only with a fresh revocation list of the CA that does not name it
+    (ppfs.revocation)."""
     # imported here: an embedded run (ppfs select) makes its per-run CA with this module
     # and certifies no party keys
     from ppfs.keycert import certify_party_keys
@@ -439,7 +441,7 @@ def certify_party_key_request(
     now = dt.datetime.now(dt.UTC)
     return certify_party_keys(
         ca.key, ca.cert, index, name, box, signing,
-        validity=ca.leaf_end(now, validity) - now, now=now)
+        validity=ca.leaf_end(now, validity) - now, now=now, revocation_list=revocable)
 
 
 # ---------------------------------------------------------------- OpenSSL lookup names

@@ -4,9 +4,10 @@ ppfs gateway serve --config gateway.json [--host H] [--port P] [--port-file F]
     [--make-keys]    # its keys made here, their requests in STATE_DIR/csr/ for the CA
     [--require-https]  # refuse to start without an HTTPS certificate and key
 
-SIGHUP makes it read its tokens file again (``kill -HUP PID``, ``docker compose kill -s
-HUP gateway``): tokens added, removed or given an end take effect without a restart; a
-file that does not parse is refused as a whole and logged, the tokens in force stay.
+SIGHUP makes it read its tokens file (and its revocation list) again (``kill -HUP PID``,
+``docker compose kill -s HUP gateway``): tokens added, removed or given an end take effect
+without a restart; a file that does not parse is refused as a whole and logged, the
+tokens (or the list) in force stay.
 """
 
 from __future__ import annotations
@@ -177,11 +178,12 @@ def _serve(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"ppfs gateway serve: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    from ppfs_gateway.api.routes.status import gateway_warnings
+    from ppfs_gateway.api.routes.status import gateway_warnings, revocation_warnings
 
-    for line in gateway_warnings(settings):  # also in /v1/deployment/status
-        logging.getLogger("ppfs.gateway").warning("[Gateway] %s", line)
     app = create_app(settings)
+    for line in [*gateway_warnings(settings),  # also in /v1/deployment/status
+                 *revocation_warnings(app.state.revocations)]:
+        logging.getLogger("ppfs.gateway").warning("[Gateway] %s", line)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -201,7 +203,12 @@ def _serve(args: argparse.Namespace) -> int:
     async def run() -> bool:
         # SIGHUP: the tokens file read again (rotation without a restart); uvicorn
         # handles SIGINT and SIGTERM, not this one
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app.state.tokens.reload)
+        # and the revocation list (also read again whenever the file changes)
+        def reload() -> None:
+            app.state.tokens.reload()
+            app.state.revocations.reload()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.05)

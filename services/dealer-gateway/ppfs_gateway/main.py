@@ -38,6 +38,7 @@ from ppfs_gateway.metrics import GatewayMetrics, MetricsMiddleware
 from ppfs_gateway.metrics import router as metrics_router
 from ppfs_gateway.parties import Parties
 from ppfs_gateway.registry import Registry
+from ppfs_gateway.revocations import RevocationFile
 
 log = logging.getLogger("ppfs.gateway")
 
@@ -259,6 +260,7 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
     ``app.state.tokens`` is its one :class:`TokenTable`: ``ppfs gateway serve`` calls its
     ``reload`` on SIGHUP."""
     tokens = TokenTable(settings.tokens, settings.tokens_file)
+    revocations = RevocationFile(settings.revocation_list)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -274,6 +276,7 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
             parties=conn,
             jobs=coordinator,
             tokens=tokens,
+            revocations=revocations,
         )
         metrics.attach(coordinator)
         listener = metrics.listen(settings.metrics_listen)
@@ -308,6 +311,7 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
     for module in (deployment, datasets, jobs, status):
         app.include_router(module.router, responses=common)
     app.state.tokens = tokens
+    app.state.revocations = revocations
     metrics = app.state.metrics = GatewayMetrics()
     metrics.watch_tokens(tokens)
     app.include_router(metrics_router)

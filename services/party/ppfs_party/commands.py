@@ -7,6 +7,9 @@
         [--csr FILE]                                 # ... for a key the gateway made
     ppfs pki https --ca-dir CA --csr FILE --name DNS_OR_IP --out DIR   # its HTTPS cert
     ppfs pki fingerprint --ca-dir CA                 # the clients' trust anchor
+    ppfs pki revoke --ca-dir CA --party P | --statement SHA256   # a stolen party key
+    ppfs pki revocations --ca-dir CA                 # re-issue the revocation list (cron)
+    ppfs pki statements --ca-dir CA                  # the key statements signed, revoked
     ppfs party add-owner --state-dir S --owner-id ID --public-key HEX
     ppfs party serve --state-dir S --index I --listen HOST:PORT --mpc-port P ...
         [--mpc-dial PARTY=HOST:+N ...]              # reach a peer through a relay
@@ -24,6 +27,7 @@ from typing import Any
 
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import PpfsError
+from ppfs.keycert import REVOCATION_FRESHNESS
 from ppfs.logfmt import configure_logging
 from ppfs.pki import (
     CA_VALIDITY,
@@ -164,6 +168,11 @@ def add_commands(subparsers: Any) -> None:
                            "(default: its name in lower case)")
     sign.add_argument("--valid-days", type=_days, default=LEAF_VALIDITY.days, metavar="DAYS",
                       help=_LEAF_DAYS_HELP)
+    sign.add_argument("--revocable", action="store_true",
+                      help="clients trust the key statement only with a fresh revocation "
+                           "list of this CA that does not name it (`ppfs pki revocations`, "
+                           "installed on the gateway as revocation_list): a stolen key can "
+                           "then be revoked (`ppfs pki revoke`) before the statement ends")
     sign.set_defaults(func=_pki_sign)
     client = ksub.add_parser(
         "client", help="key and certificate for the gateway's control-plane client identity")
@@ -200,6 +209,39 @@ def add_commands(subparsers: Any) -> None:
     )
     fpr.add_argument("--ca-dir", type=Path, required=True)
     fpr.set_defaults(func=_pki_fingerprint)
+    revoke = ksub.add_parser(
+        "revoke", help="revoke a party's key statements (a stolen key) and re-issue the "
+                       "revocation list")
+    revoke.add_argument("--ca-dir", type=Path, required=True)
+    which = revoke.add_mutually_exclusive_group(required=True)
+    which.add_argument("--party", type=_party_index, metavar="NAME|INDEX",
+                       help="every key statement of this party on record (its current "
+                            "keys and any earlier statement a gateway could still present)")
+    which.add_argument("--statement", metavar="SHA256",
+                       help="the key statement with this SHA-256 (`ppfs pki statements`)")
+    _revocation_list_args(revoke)
+    revoke.set_defaults(func=_pki_revoke)
+    reissue = ksub.add_parser(
+        "revocations", help="re-issue the revocation list, fresh from now (run it from "
+                            "cron well within its freshness, and install it on the gateway)")
+    reissue.add_argument("--ca-dir", type=Path, required=True)
+    _revocation_list_args(reissue)
+    reissue.set_defaults(func=_pki_revocations)
+    listed = ksub.add_parser(
+        "statements", help="the key statements this CA signed, and which are revoked")
+    listed.add_argument("--ca-dir", type=Path, required=True)
+    listed.set_defaults(func=_pki_statements)
+
+
+def _revocation_list_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fresh-days", type=_fresh_days, default=REVOCATION_FRESHNESS.days,
+                   metavar="DAYS",
+                   help=f"how long clients take the list as fresh (default "
+                        f"{REVOCATION_FRESHNESS.days}): re-issue it before then; a gateway "
+                        "can replay an older list for at most this long")
+    p.add_argument("--out", type=Path, default=None, metavar="FILE",
+                   help="also write the list here (the gateway's revocation_list file); "
+                        "it is always kept as CA_DIR/revocations.json")
 
 
 def _state_args(p: argparse.ArgumentParser) -> None:
@@ -221,6 +263,17 @@ def _days(text: str) -> int:
         days = 0
     if not 1 <= days <= 36500:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number of days, 1..36500")
+    return days
+
+
+def _fresh_days(text: str) -> int:
+    """``--fresh-days``: a whole number of days, 1..90."""
+    try:
+        days = int(text)
+    except ValueError:
+        days = 0
+    if not 1 <= days <= 90:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of days, 1..90")
     return days
 
 
@@ -305,14 +358,90 @@ def _pki_init(args: argparse.Namespace) -> int:
 
 
 def _pki_sign(args: argparse.Namespace) -> int:
+    from ppfs.revocation import record_statement, refuse_revoked_keys
+
+    def record(statement: bytes) -> None:
+        refuse_revoked_keys(args.ca_dir, ca, statement)
+        record_statement(args.ca_dir, statement)
+
     try:
-        signed = sign_party_requests(load_ca(args.ca_dir), args.state_dir, args.party,
-                                     args.tls_name, dt.timedelta(days=args.valid_days))
+        ca = load_ca(args.ca_dir)
+        signed = sign_party_requests(ca, args.state_dir, args.party,
+                                     args.tls_name, dt.timedelta(days=args.valid_days),
+                                     revocable=args.revocable, record=record)
     except (ValueError, OSError) as exc:
         print(f"ppfs pki sign: error: {exc}", file=sys.stderr)
         return 2
     for item in signed:
         print(item)
+    return 0
+
+
+def _list_line(rl: Any, path: Path) -> str:
+    return (f"{path}: {len(rl.revoked)} key statement{'s' * (len(rl.revoked) != 1)} "
+            f"revoked; issued {rl.issued_at}, stale after {rl.next_update}: re-issue it "
+            "before then (`ppfs pki revocations`) and install it on the gateway")
+
+
+def _write_out(args: argparse.Namespace) -> None:
+    from ppfs.revocation import REVOCATIONS_FILE
+
+    if args.out is not None:
+        replace_public_file(args.out, (args.ca_dir / REVOCATIONS_FILE).read_bytes())
+
+
+def _pki_revoke(args: argparse.Namespace) -> int:
+    from ppfs.revocation import REVOCATIONS_FILE, revoke
+
+    try:
+        new, rl = revoke(args.ca_dir, load_ca(args.ca_dir), party=args.party,
+                         sha256=args.statement,
+                         freshness=dt.timedelta(days=args.fresh_days))
+        _write_out(args)
+    except (ValueError, OSError) as exc:
+        print(f"ppfs pki revoke: error: {exc}", file=sys.stderr)
+        return 2
+    for r in new:
+        print(f"revoked {r}")
+        if not r.statement.revocation_list:
+            print(f"ppfs pki revoke: warning: {r.sha256} does not ask for the revocation "
+                  f"list: clients keep trusting it until {r.statement.not_after}; only a "
+                  "new CA (a new trust anchor for every client) ends it sooner",
+                  file=sys.stderr)
+    if not new:
+        print("nothing newly revoked: every statement named was revoked already")
+    print(_list_line(rl, args.out or args.ca_dir / REVOCATIONS_FILE))
+    return 0
+
+
+def _pki_revocations(args: argparse.Namespace) -> int:
+    from ppfs.revocation import REVOCATIONS_FILE, reissue
+
+    try:
+        rl = reissue(args.ca_dir, load_ca(args.ca_dir),
+                     freshness=dt.timedelta(days=args.fresh_days))
+        _write_out(args)
+    except (ValueError, OSError) as exc:
+        print(f"ppfs pki revocations: error: {exc}", file=sys.stderr)
+        return 2
+    print(_list_line(rl, args.out or args.ca_dir / REVOCATIONS_FILE))
+    return 0
+
+
+def _pki_statements(args: argparse.Namespace) -> int:
+    from ppfs.revocation import current_list, recorded
+
+    try:
+        rl = current_list(args.ca_dir, load_ca(args.ca_dir))
+        records = recorded(args.ca_dir)
+    except (ValueError, OSError) as exc:
+        print(f"ppfs pki statements: error: {exc}", file=sys.stderr)
+        return 2
+    revoked = set(rl.revoked) if rl else set()
+    for r in records:
+        print(f"{'revoked ' if r.sha256 in revoked else 'in force'} {r}")
+    if rl is not None:
+        print(f"revocation list issued {rl.issued_at}, stale after {rl.next_update}")
     return 0
 
 

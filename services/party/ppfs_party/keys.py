@@ -35,6 +35,7 @@ import base64
 import datetime as dt
 import json
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -352,7 +353,8 @@ def _checked_requests(
 
 def sign_party_requests(
     ca: CertificateAuthority, state_dir: Path, index: int, control_name: str | None = None,
-    validity: dt.timedelta = LEAF_VALIDITY,
+    validity: dt.timedelta = LEAF_VALIDITY, *, revocable: bool = False,
+    record: Callable[[bytes], None] | None = None,
 ) -> list[Certified]:
     """The deployment CA's step on a party's state directory, for party ``index`` (the
     party the operator means to certify, never what the directory claims): check every
@@ -361,7 +363,11 @@ def sign_party_requests(
     certificate. Refuses (PartyRequestRefused) before signing anything when a request
     belongs to another party or is not one a party makes. Reads and writes public
     material only. Signing again, from the same requests, renews them: the keys stay,
-    the running party picks the new files up (ppfs_party.lifetimes)."""
+    the running party picks the new files up (ppfs_party.lifetimes).
+
+    ``revocable``: the key statement asks clients for the CA's revocation list
+    (ppfs.keycert). ``record`` is given the key statement before anything is written
+    (the CA's record of it, ppfs.revocation; it may refuse it by raising)."""
     if not 0 <= index < len(PARTY_NAMES):
         raise PartyRequestRefused(f"party index must be 0..{len(PARTY_NAMES) - 1}")
     name = PARTY_NAMES[index]
@@ -373,7 +379,9 @@ def sign_party_requests(
     _refuse_unless_regular(keys_req, "regular file")
     statement = None
     if keys_req.is_file():
-        statement = certify_party_key_request(ca, keys_req, index, validity)
+        statement = certify_party_key_request(ca, keys_req, index, validity, revocable)
+        if record is not None:
+            record(statement[0])
     outputs = [f"{req.name}.pem" for req, _ in checked]
     outputs += [KEY_REQUEST, "party-keys.sig", "ca.pem"]
     for out in outputs:

@@ -13,6 +13,7 @@ from ppfs_gateway.core.config import Settings
 from ppfs_gateway.jobs import JobCoordinator
 from ppfs_gateway.parties import Parties
 from ppfs_gateway.registry import Registry
+from ppfs_gateway.revocations import RevocationFile
 
 
 @dataclass
@@ -24,6 +25,7 @@ class GatewayResources:
     parties: Parties
     jobs: JobCoordinator
     tokens: TokenTable
+    revocations: RevocationFile
 
 
 def get_resources(request: Request) -> GatewayResources:

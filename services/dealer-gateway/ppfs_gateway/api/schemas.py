@@ -79,6 +79,14 @@ class DeploymentOut(BaseModel):
         description="the deployment CA certificate as the parties hold it; clients trust it "
         "only when its SHA-256 is the fingerprint they were given out of band"
     )
+    revocation_list: str = Field(
+        default="", description="the deployment CA's revocation list (ppfs.keycert), base64; "
+        "clients require a fresh one that does not name a key statement that asks for it"
+    )
+    revocation_list_signature: str = Field(
+        default="", description="ECDSA P-256 / SHA-256 by the deployment CA over "
+        "revocation_list, base64"
+    )
 
 
 class DatasetCreate(Strict):

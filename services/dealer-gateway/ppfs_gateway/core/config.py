@@ -9,12 +9,15 @@ The config file is JSON::
       "tls": {"ca_cert": "ca.pem", "client_cert": "gw.pem", "client_key": "gw.key"},
       "tokens_file": "tokens.json",
       "https_cert": "https.pem", "https_key": "https.key",    (optional)
-      "max_concurrent_jobs": 2                                (optional, default 1)
+      "max_concurrent_jobs": 2,                               (optional, default 1)
+      "revocation_list": "revocations.json"                   (optional)
     }
 
 and the tokens file a list of ``{"token": ..., "role": ..., "subject": ...}``, each
 optionally with ``"expires_at": "2027-01-31T00:00:00Z"`` (UTC; without it the token does
-not expire). The gateway reads the tokens file again on SIGHUP. Relative paths are taken
+not expire). The gateway reads the tokens file again on SIGHUP. ``revocation_list`` is
+the deployment CA's revocation list (``ppfs pki revocations``), served to clients with
+the parties' identities; read again when it changes and on SIGHUP. Relative paths are taken
 relative to the config file. Tokens are secrets: they are held as
 :class:`pydantic.SecretStr` and never logged or echoed.
 """
@@ -133,6 +136,9 @@ class Settings(BaseModel):
     # Prometheus metrics without authentication on a separate plain-HTTP listener
     # ("HOST:PORT", internal networks only); GET /metrics on the API needs an admin token
     metrics_listen: str | None = None
+    # the deployment CA's revocation list (`ppfs pki revocations`), served with the
+    # parties' identities; clients require it for key statements that ask for it
+    revocation_list: Path | None = None
 
     @model_validator(mode="after")
     def _https_pair(self) -> Settings:
@@ -220,7 +226,7 @@ def load_settings(
         raise ParameterError(f"{where}: cannot read the gateway config ({exc})") from None
     base = where.parent
     raw["state_dir"] = _resolve(base, raw.get("state_dir", "."))
-    for key in ("https_cert", "https_key"):
+    for key in ("https_cert", "https_key", "revocation_list"):
         if raw.get(key):
             raw[key] = _resolve(base, raw[key])
     if isinstance(raw.get("tls"), dict):

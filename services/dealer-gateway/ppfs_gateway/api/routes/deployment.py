@@ -4,18 +4,21 @@ from fastapi import APIRouter
 
 from ppfs.fixedpoint import FixedPoint
 from ppfs.step2a import Security
-from ppfs_gateway.api.deps import PartiesDep, PrincipalDep
+from ppfs_gateway.api.deps import PartiesDep, PrincipalDep, ResourcesDep
 from ppfs_gateway.api.schemas import DeploymentOut, FixedPointOut, PartyOut, b64encode
 
 router = APIRouter(tags=["deployment"])
 
 
 @router.get("/v1/deployment", response_model=DeploymentOut)
-async def get_deployment(_who: PrincipalDep, parties: PartiesDep) -> DeploymentOut:
+async def get_deployment(_who: PrincipalDep, parties: PartiesDep,
+                         res: ResourcesDep) -> DeploymentOut:
     """The parties' public identities (from their GetIdentity) with the deployment CA's
-    statements of their keys, the sharing scheme and the fixed-point parameters a client
-    encodes with. Clients check every key statement against their own trust anchor."""
+    statements of their keys and its revocation list, the sharing scheme and the
+    fixed-point parameters a client encodes with. Clients check every key statement
+    (and the list, for a statement that asks for it) against their own trust anchor."""
     ids = await parties.identities()
+    rl, rl_sig = res.revocations.current()
     fp = FixedPoint()
     n = len(ids)
     return DeploymentOut(
@@ -39,4 +42,6 @@ async def get_deployment(_who: PrincipalDep, parties: PartiesDep) -> DeploymentO
         ),
         deployment_ca_pem=next((i.deployment_ca_pem.decode("ascii", "replace") for i in ids
                                 if i.deployment_ca_pem), ""),
+        revocation_list=b64encode(rl),
+        revocation_list_signature=b64encode(rl_sig),
     )

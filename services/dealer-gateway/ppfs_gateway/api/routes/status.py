@@ -34,6 +34,7 @@ from ppfs.v1 import party_pb2 as pb
 from ppfs_gateway.api.deps import PartiesDep, PrincipalDep, ResourcesDep
 from ppfs_gateway.core.config import Role, Settings
 from ppfs_gateway.parties import Parties, PartyClient
+from ppfs_gateway.revocations import RevocationFile
 
 router = APIRouter(tags=["deployment"])
 
@@ -147,6 +148,30 @@ def _warnings(lives: list[Lifetime], now: dt.datetime) -> tuple[list[str], str]:
     return soon, ended
 
 
+# a revocation list served this close to going stale is reported: clients refuse the
+# parties whose key statements ask for it once it is stale
+REVOCATIONS_WITHIN = dt.timedelta(days=1)
+_REVOCATIONS_RENEW = ("have the deployment CA re-issue it (`ppfs pki revocations`) and "
+                      "install it; clients refuse parties whose key statements ask for it "
+                      "once it is stale")
+
+
+def revocation_warnings(revocations: RevocationFile,
+                        now: dt.datetime | None = None) -> list[str]:
+    """A line when the revocation list the gateway serves goes stale within a day or
+    has gone stale (nothing when it serves none)."""
+    try:
+        rl = revocations.served()
+    except UntrustedPartyKey:
+        return []
+    if rl is None or revocations.path is None:
+        return []
+    life = Lifetime("revocation list", revocations.path, rl.stale_after, _REVOCATIONS_RENEW)
+    line = life.problem(now or dt.datetime.now(dt.UTC), REVOCATIONS_WITHIN)
+    return [] if line is None else [line.replace("expired on", "went stale on")
+                                    .replace("expires on", "goes stale on")]
+
+
 def gateway_warnings(settings: Settings, now: dt.datetime | None = None) -> list[str]:
     """Lines for the gateway's own certificates that end soon or have ended."""
     now = now or dt.datetime.now(dt.UTC)
@@ -255,7 +280,8 @@ async def get_deployment_status(
         scheme="rep3" if n == 3 else "rep4",
         securities=[s.value for s in Security if s.parties == n],
         parties=list(found),
-        warnings=[*await asyncio.to_thread(gateway_warnings, res.settings), *stale,
+        warnings=[*await asyncio.to_thread(gateway_warnings, res.settings),
+                  *revocation_warnings(res.revocations), *stale,
                   *(res.tokens.ending() if who.role is Role.ADMIN else ())],
     )
 
