@@ -356,6 +356,11 @@ def test_pki_revoke_reissue_and_list_round_trip(
                        "--party", "bob", "--revocable")
     assert rc == 2 and "keys the deployment CA revoked" in err, err
     assert (state / "certs" / "party-keys.json").read_bytes() == statement
+    # nor renewed without the flag: no revocation would reach that statement
+    rc, out, err = pki(capsys, "sign", "--ca-dir", str(ca_dir), "--state-dir", str(state),
+                       "--party", "bob")
+    assert rc == 2 and "was certified with --revocable before" in err, err
+    assert (state / "certs" / "party-keys.json").read_bytes() == statement
     # nothing on record by that hash, or for that party: refused, nothing revoked
     rc, out, err = pki(capsys, "revoke", "--ca-dir", str(ca_dir), "--statement", "ab" * 32)
     assert rc == 2 and "no key statement with SHA-256" in err, err

@@ -143,12 +143,22 @@ def revoke(ca_dir: Path, ca: CertificateAuthority, *, party: int | None = None,
 
 def refuse_revoked_keys(ca_dir: Path, ca: CertificateAuthority, statement: bytes) -> None:
     """PartyRequestRefused when ``statement`` certifies a box or signing key that a
-    revoked statement certified: a stolen key stays revoked whatever is signed later."""
+    revoked statement certified (a stolen key stays revoked whatever is signed later),
+    or does not ask for the revocation list while an earlier statement of the same
+    party did (a renewal without ``--revocable`` would be a statement of its keys that
+    no revocation reaches)."""
+    st = KeyStatement.from_bytes(statement)
+    records = recorded(ca_dir)
+    if not st.revocation_list and any(
+            r.statement.revocation_list and r.statement.index == st.index for r in records):
+        raise PartyRequestRefused(
+            f"{st.name} (index {st.index}) was certified with --revocable before: sign "
+            "with --revocable again (a statement without it could not be revoked before "
+            "it ends); nothing signed")
     rl = current_list(ca_dir, ca)
     if rl is None or not rl.revoked:
         return
-    st = KeyStatement.from_bytes(statement)
-    for r in recorded(ca_dir):
+    for r in records:
         if r.sha256 in rl.revoked and (
                 r.statement.box_public_key == st.box_public_key
                 or r.statement.signing_public_key == st.signing_public_key):
