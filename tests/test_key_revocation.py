@@ -403,3 +403,26 @@ def test_the_gateway_warns_when_its_list_goes_stale_within_a_day(
         assert not any("revocation list" in w for w in got["warnings"]), got
     finally:
         s.close()
+
+
+def test_the_gateway_keeps_its_list_when_the_new_file_is_not_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file replaced by something that is not a revocation list (cut short, another
+    file) is logged and the list in force stays, on a change as on SIGHUP (reload)."""
+    from ppfs_gateway.revocations import RevocationFile
+
+    ca = CertificateAuthority.create("ca")
+    path = tmp_path / "revocations.json"
+    signed = issue_revocations(ca.key, ca.cert, {"ab" * 32})
+    path.write_bytes(revocations_file_bytes(signed))
+    served = RevocationFile(path)
+    assert served.current() == signed
+    path.write_bytes(revocations_file_bytes(signed)[:40])
+    assert served.current() == signed
+    assert "revocation list not (re)loaded" in caplog.text
+    assert served.reload() is False and served.current() == signed
+    newer = issue_revocations(ca.key, ca.cert, {"ab" * 32, "cd" * 32})
+    path.write_bytes(revocations_file_bytes(newer))
+    assert served.reload() is True and served.current() == newer
+    assert RevocationFile(None).current() == (b"", b"")
