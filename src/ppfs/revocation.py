@@ -164,6 +164,5 @@ def refuse_revoked_keys(ca_dir: Path, ca: CertificateAuthority, statement: bytes
                 or r.statement.signing_public_key == st.signing_public_key):
             raise PartyRequestRefused(
                 f"{st.name} (index {st.index}) asks to certify keys the deployment CA "
-                f"revoked (statement {r.sha256}): the party makes new keys (move its "
-                "keys/box.key, keys/signing.key and certs/party-keys.json away, then "
-                "`ppfs party init`), and you sign its new key request; nothing signed")
+                f"revoked (statement {r.sha256}): give the party new keys in a fresh "
+                "state directory (`ppfs party init`) and sign that one; nothing signed")

@@ -366,8 +366,9 @@ def sign_party_requests(
     the running party picks the new files up (ppfs_party.lifetimes).
 
     ``revocable``: the key statement asks clients for the CA's revocation list
-    (ppfs.keycert). ``record`` is given the key statement before anything is written
-    (the CA's record of it, ppfs.revocation; it may refuse it by raising)."""
+    (ppfs.keycert). ``record`` is given the key statement once nothing is refused,
+    before anything is written (the CA's record of it, ppfs.revocation; it may refuse
+    it by raising)."""
     if not 0 <= index < len(PARTY_NAMES):
         raise PartyRequestRefused(f"party index must be 0..{len(PARTY_NAMES) - 1}")
     name = PARTY_NAMES[index]
@@ -380,12 +381,12 @@ def sign_party_requests(
     statement = None
     if keys_req.is_file():
         statement = certify_party_key_request(ca, keys_req, index, validity, revocable)
-        if record is not None:
-            record(statement[0])
     outputs = [f"{req.name}.pem" for req, _ in checked]
     outputs += [KEY_REQUEST, "party-keys.sig", "ca.pem"]
     for out in outputs:
         _refuse_unless_regular(certs / out, "regular file")
+    if statement is not None and record is not None:
+        record(statement[0])  # after every refusal above, before anything is written
     # every output through a fresh file renamed over the old one: a link that appears
     # there is replaced, never written through
     done = []
