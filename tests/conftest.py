@@ -8,14 +8,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_fakes import Stack, make_stack
+from service_fakes import RealCluster, Stack, make_stack
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    """A gateway over fake parties (tests/service_fakes.py), for one test; a module may
-    define its own ``stack`` where it needs another."""
-    s = make_stack(tmp_path)
+def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
+    """A gateway over fake parties (tests/service_fakes.py), for one test; over the real
+    party daemons (in this process, the MPyC engine) in a module that sets
+    ``PARTY_DAEMONS = True``. A module may define its own ``stack`` where it needs
+    another."""
+    daemons = getattr(request.module, "PARTY_DAEMONS", False)
+    s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",))
+                   if daemons else None)
     yield s
     s.close()
 

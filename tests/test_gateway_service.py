@@ -10,6 +10,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -144,17 +145,23 @@ def test_refused_start_fails_naming_party(stack: Stack) -> None:
     assert done["state"] == "failed" and "Carol" in done["error"]
 
 
+def _a_held_job_running(s: Stack) -> tuple[GatewayClient, dict[str, Any]]:
+    """Submit a job the fake parties hold running: (the analyst's client, the job)."""
+    _, ids, _ = horizontal_setup(s)
+    s.cluster.hold = True
+    analyst = s.client("analyst-1")
+    job = analyst.submit(s.keys["analyst-1"], ids, label="label", k=2)
+    deadline = time.monotonic() + 10
+    while analyst.get_job(job["id"])["state"] != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return analyst, job
+
+
 def test_lost_party_fails_job_in_time(tmp_path: Path) -> None:
     s = make_stack(tmp_path, party_lost_seconds=2.0)
     try:
-        _, ids, _ = horizontal_setup(s)
-        s.cluster.hold = True
-        analyst = s.client("analyst-1")
-        job = analyst.submit(s.keys["analyst-1"], ids, label="label", k=2)
-        deadline = time.monotonic() + 10
-        while analyst.get_job(job["id"])["state"] != "running":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        analyst, job = _a_held_job_running(s)
         s.loop.run(s.cluster.stop_party(2))
         t0 = time.monotonic()
         done = wait_final(analyst, job["id"], timeout=20)
@@ -176,14 +183,7 @@ def test_a_party_whose_address_refuses_connections_fails_its_job_before_the_sile
     only); a restarted party would fail the job anyway."""
     s = make_stack(tmp_path, party_lost_seconds=60.0)
     try:
-        _, ids, _ = horizontal_setup(s)
-        s.cluster.hold = True
-        analyst = s.client("analyst-1")
-        job = analyst.submit(s.keys["analyst-1"], ids, label="label", k=2)
-        deadline = time.monotonic() + 10
-        while analyst.get_job(job["id"])["state"] != "running":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        analyst, job = _a_held_job_running(s)
         s.loop.run(s.cluster.stop_party(2))
         t0 = time.monotonic()
         seen = ""

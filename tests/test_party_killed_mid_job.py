@@ -19,6 +19,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from service_fakes import DaemonCluster, Stack, horizontal_setup, make_stack, wait_final
@@ -91,16 +92,22 @@ def stack(tmp_path: Path, cache: Path) -> Iterator[Stack]:
     s.close()
 
 
-def _job_into_the_run(s: Stack, victim: int) -> tuple[str, int]:
-    """Submit an active-3PC job and wait until the victim's program is in the bulk of
-    its computation: (job id, the victim daemon's pid)."""
-    _, ids, _ = horizontal_setup(s, m=16000, p=16)
+def _submit_active_3pc(s: Stack, m: int, p: int) -> tuple[Any, dict[str, Any]]:
+    """Two owners' data sets of ``m`` rows (split) and ``p`` columns, their consents, and
+    an active-3PC MP-SPDZ job on them: (the analyst's client, the job)."""
+    _, ids, _ = horizontal_setup(s, m=m, p=p)
     box = s.keys["analyst-1"].box_public_key
     for owner, ds in zip(("owner-a", "owner-b"), ids, strict=True):
         s.client(owner).consent(s.keys[owner], ds, "analyst-1", box)
     analyst = s.client("analyst-1")
-    job = analyst.submit(s.keys["analyst-1"], ids, label="label", k=2, engine="mp-spdz",
-                         security="active-3pc")
+    return analyst, analyst.submit(s.keys["analyst-1"], ids, label="label", k=2,
+                                   engine="mp-spdz", security="active-3pc")
+
+
+def _job_into_the_run(s: Stack, victim: int) -> tuple[str, int]:
+    """Submit an active-3PC job and wait until the victim's program is in the bulk of
+    its computation: (job id, the victim daemon's pid)."""
+    analyst, job = _submit_active_3pc(s, m=16000, p=16)
     server = s.cluster.servers[victim]
     assert server is not None
     pid = int(server.proc.pid)
@@ -172,13 +179,7 @@ def test_a_party_killed_before_the_engines_connect_is_named_before_their_time_ou
     s = make_stack(tmp_path, cluster=DaemonCluster(3, tmp_path, engines=("mp-spdz",),
                                                    mpspdz_cache=tmp_path / "cache"))
     try:
-        _, ids, _ = horizontal_setup(s, m=64, p=4)
-        box = s.keys["analyst-1"].box_public_key
-        for owner, ds in zip(("owner-a", "owner-b"), ids, strict=True):
-            s.client(owner).consent(s.keys[owner], ds, "analyst-1", box)
-        analyst = s.client("analyst-1")
-        job = analyst.submit(s.keys["analyst-1"], ids, label="label", k=2, engine="mp-spdz",
-                             security="active-3pc")
+        analyst, job = _submit_active_3pc(s, m=64, p=4)
         server = s.cluster.servers[2]
         assert server is not None
         pid = int(server.proc.pid)

@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from service_fakes import RealCluster, Stack, make_stack, owner_table, run_cli, wait_final
+from service_fakes import Stack, owner_table, run_cli, wait_final
 
 from ppfs.contract import Reveal
 from ppfs.synthetic import make_table
@@ -32,11 +31,8 @@ ROWS = 16
 REASONS = {"flipped": "checksum mismatch", "truncated": "wrong length"}
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",)))
-    yield s
-    s.close()
+# the `stack` fixture (conftest.py): the real party daemons, in this process
+PARTY_DAEMONS = True
 
 
 def _study(s: Stack) -> tuple[str, str]:

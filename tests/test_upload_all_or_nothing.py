@@ -9,17 +9,13 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 from ppfs_client.sdk import ApiError, build_upload
 from service_fakes import (
-    RealCluster,
     Stack,
-    make_stack,
     owner_table,
     pending_decisions,
     run_cli,
@@ -34,11 +30,8 @@ from ppfs.synthetic import make_table
 pytest.importorskip("ppfs_party.server", reason="the party daemon (ppfs_party) is not built")
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",)))
-    yield s
-    s.close()
+# the `stack` fixture (conftest.py): the real party daemons, in this process
+PARTY_DAEMONS = True
 
 
 def stop_party(s: Stack, i: int) -> int:

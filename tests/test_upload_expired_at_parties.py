@@ -9,15 +9,12 @@ pending."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from ppfs_client.sdk import ApiError, UploadNotConfirmed, build_upload
 from service_fakes import (
-    RealCluster,
     Stack,
-    make_stack,
     owner_table,
     pending_decisions,
     wait_until,
@@ -30,11 +27,8 @@ pytest.importorskip("ppfs_party.server", reason="the party daemon (ppfs_party) i
 DAY = 86_400.0
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",)))
-    yield s
-    s.close()
+# the `stack` fixture (conftest.py): the real party daemons, in this process
+PARTY_DAEMONS = True
 
 
 def test_commit_after_every_party_expired_the_part_adds_nothing(

@@ -8,7 +8,6 @@ turned by replacing its calls to the parties (ppfs_gateway.parties.PartyClient).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 from nacl.signing import SigningKey
 from ppfs_client.sdk import ApiError, GatewayClient, UploadNotConfirmed
 from ppfs_gateway.parties import PartyClient
-from service_fakes import RealCluster, Stack, make_stack, owner_table, run_cli
+from service_fakes import Stack, owner_table, run_cli
 
 from ppfs.holdings import HoldingsStatement
 from ppfs.synthetic import make_table
@@ -25,11 +24,8 @@ from ppfs.v1 import party_pb2 as pb
 pytest.importorskip("ppfs_party.server", reason="the party daemon (ppfs_party) is not built")
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",)))
-    yield s
-    s.close()
+# the `stack` fixture (conftest.py): the real party daemons, in this process
+PARTY_DAEMONS = True
 
 
 def _csv(tmp_path: Path, rows: int, seed: int) -> Path:
@@ -44,6 +40,20 @@ def _csv(tmp_path: Path, rows: int, seed: int) -> Path:
 def _held_at(s: Stack, party: int, ds: str) -> dict[str, str]:
     store = s.cluster.servers[party].state.store
     return {u.manifest.upload_id: status for u, status in store.listing(ds)}
+
+
+def _never_commit_at_carol(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway never sends Carol a commit, and acknowledges it in her name."""
+    decide = PartyClient.decide_upload
+
+    async def turned(self: PartyClient, dataset_id: str, upload_id: str, commit: bool,
+                     timeout: float | None = None) -> Any:
+        if self.index == 2 and commit:
+            return pb.UploadDecisionResponse(upload_id=upload_id,
+                                             status=pb.UPLOAD_STATUS_COMMITTED)
+        return await decide(self, dataset_id, upload_id, commit, timeout)
+
+    monkeypatch.setattr(PartyClient, "decide_upload", turned)
 
 
 def test_an_upload_is_confirmed_by_every_partys_signed_statement(
@@ -73,16 +83,7 @@ def test_a_gateway_that_never_commits_a_part_cannot_tell_the_owner_it_was_added(
     ds = a.create_dataset("withheld")["id"]
     t = make_table(20, 3, seed=3)
     a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, 10)), ds)
-    decide = PartyClient.decide_upload
-
-    async def turned(self: PartyClient, dataset_id: str, upload_id: str, commit: bool,
-                     timeout: float | None = None) -> Any:
-        if self.index == 2 and commit:  # Carol's commit, acknowledged in her name
-            return pb.UploadDecisionResponse(upload_id=upload_id,
-                                             status=pb.UPLOAD_STATUS_COMMITTED)
-        return await decide(self, dataset_id, upload_id, commit, timeout)
-
-    monkeypatch.setattr(PartyClient, "decide_upload", turned)
+    _never_commit_at_carol(monkeypatch)
     exps = a.get_dataset(ds)["column_exponents"]
     with pytest.raises(UploadNotConfirmed) as info:
         a.upload_table(s.keys["owner-a"], owner_table(t, slice(10, 20)), ds, exponents=exps)
@@ -171,16 +172,7 @@ def test_a_gateway_that_leaves_an_upload_out_of_its_record_cannot_hide_that_a_pa
     ds = a.create_dataset("unrecorded")["id"]
     t = make_table(20, 3, seed=7)
     a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, 10)), ds)
-    decide = PartyClient.decide_upload
-
-    async def turned(self: PartyClient, dataset_id: str, upload_id: str, commit: bool,
-                     timeout: float | None = None) -> Any:
-        if self.index == 2 and commit:  # Carol's commit, acknowledged in her name
-            return pb.UploadDecisionResponse(upload_id=upload_id,
-                                             status=pb.UPLOAD_STATUS_COMMITTED)
-        return await decide(self, dataset_id, upload_id, commit, timeout)
-
-    monkeypatch.setattr(PartyClient, "decide_upload", turned)
+    _never_commit_at_carol(monkeypatch)
     with pytest.raises(UploadNotConfirmed):
         a.upload_table(s.keys["owner-a"], owner_table(t, slice(10, 20)), ds,
                        exponents=a.get_dataset(ds)["column_exponents"])

@@ -7,24 +7,19 @@ answers are turned where the client reads them (ppfs_client.sdk.GatewayClient)."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from ppfs_client.sdk import ApiError, GatewayClient
-from service_fakes import RealCluster, Stack, make_stack, owner_table
+from service_fakes import Stack, owner_table
 
 from ppfs.synthetic import make_table
 
 pytest.importorskip("ppfs_party.server", reason="the party daemon (ppfs_party) is not built")
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",)))
-    yield s
-    s.close()
+# the `stack` fixture (conftest.py): the real party daemons, in this process
+PARTY_DAEMONS = True
 
 
 def _status(s: Stack, upload_id: str) -> list[str]:

@@ -10,7 +10,6 @@ import asyncio
 import base64
 import hashlib
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from nacl.signing import SigningKey
 from ppfs_client.sdk import ApiError
 from ppfs_gateway.errors import PartyUnavailable
 from ppfs_gateway.parties import PartyClient
-from service_fakes import RealCluster, Stack, make_stack, owner_table, run_cli, wait_final
+from service_fakes import Stack, owner_table, run_cli, wait_final
 
 from ppfs.contract import Reveal
 from ppfs.synthetic import make_table
@@ -30,11 +29,8 @@ from ppfs.withdrawal import Withdrawal, WithdrawalReceipt
 pytest.importorskip("ppfs_party.server", reason="the party daemon (ppfs_party) is not built")
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",)))
-    yield s
-    s.close()
+# the `stack` fixture (conftest.py): the real party daemons, in this process
+PARTY_DAEMONS = True
 
 
 def _shared(s: Stack) -> tuple[str, list[str], list[str]]:
