@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 import pytest
-from ppfs_gateway.core.config import load_settings
+from ppfs_gateway.core.config import load_settings, read_tokens_file
 from service_fakes import FakeCluster, GatewayThread, LoopThread, tokens
 
 from ppfs.errors import ParameterError
@@ -170,6 +170,21 @@ def test_a_malformed_end_in_the_tokens_file_is_named_by_field_and_entry(
     assert loaded.tokens[1].expires_at == dt.datetime(2027, 1, 31, tzinfo=dt.UTC)
     assert loaded.tokens[0].expires_at is None
     assert loaded.tokens_file == tmp_path / "tokens.json"
+
+
+def test_an_end_beyond_what_utc_can_hold_is_named_by_field_and_entry(tmp_path: Path) -> None:
+    """A time that exists in its own zone but not in UTC (year 9999 west of Greenwich,
+    year 1 east of it) is a malformed end like any other: named by field and entry, not
+    a traceback at start, nor an error that cuts a SIGHUP reload short."""
+    cfg, by = tokens(("admin", "root"), ("analyst", "ana"))
+    for bad in ("9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+01:00"):
+        cfg[1]["expires_at"] = bad
+        (tmp_path / "tokens.json").write_text(json.dumps(cfg))
+        with pytest.raises(ParameterError) as err:
+            read_tokens_file(tmp_path / "tokens.json")
+        msg = str(err.value)
+        assert "tokens file entry 2 of 2: invalid expires_at" in msg, (bad, msg)
+        assert not _leaks(msg, list(by.values())) and bad not in msg, msg
 
 
 # -- rotation on SIGHUP, on a real `ppfs gateway serve` ---------------------------------

@@ -87,7 +87,10 @@ class TokenEntry(BaseModel):
             raise ValueError(EXPIRES_AT_FORM)
         if parsed is not None and parsed.utcoffset() is None:
             raise ValueError(EXPIRES_AT_FORM)
-        return None if parsed is None else parsed.astimezone(dt.UTC)
+        try:
+            return None if parsed is None else parsed.astimezone(dt.UTC)
+        except OverflowError:  # a time its zone holds but UTC does not (year 1 or 9999)
+            raise ValueError(EXPIRES_AT_FORM) from None
 
 
 class PartyEndpoint(BaseModel):
