@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -320,3 +321,57 @@ def test_a_tokens_file_that_does_not_parse_on_reload_keeps_the_tokens_in_force(
     s.write([*cfg, *new])  # once it parses, it is taken
     s.hup("tokens reloaded")
     assert (s.who(by["root"]), s.who(by["olga"]), s.who(new_by["ana"])) == (200, 200, 200)
+
+
+# -- a job's event stream outlives the request that opened it ------------------------------
+
+
+def _stream_closes(url: str, token: str, job_id: str, within: float) -> tuple[bool, str]:
+    """Watch the job's events with ``token``: (whether the stream closed within
+    ``within`` seconds, what it sent)."""
+    got = ""
+    t0 = time.monotonic()
+    timeout = httpx.Timeout(5.0, read=within + 20)
+    with httpx.stream("GET", f"{url}/v1/jobs/{job_id}/events", headers=_bearer(token),
+                      timeout=timeout) as resp:
+        assert resp.status_code == 200, resp.read()
+        for chunk in resp.iter_text():
+            got += chunk
+            if time.monotonic() - t0 > within:
+                return False, got
+    return time.monotonic() - t0 <= within, got
+
+
+def test_a_job_event_stream_closes_once_its_token_ends_or_is_removed(tmp_path: Path) -> None:
+    """A job watched for hours (a job held running) stops streaming once the token that
+    opened the watch ends or a reload removes it: the token's end and its removal reach
+    long-lived connections too, not only the requests after them."""
+    from service_fakes import horizontal_setup, make_stack
+
+    s = make_stack(tmp_path)
+    try:
+        _, ids, _ = horizontal_setup(s)
+        ends, removed = tokens(("analyst", "analyst-1"), ("analyst", "analyst-1"))[0]
+        ends["expires_at"] = _iso(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=8))
+        tokens_file = tmp_path / "tokens.json"
+        tokens_file.write_text(json.dumps([*s.token_config, ends, removed]))
+        s.token_config = [*s.token_config, ends, removed]
+        s.restart_gateway(tokens_file=str(tokens_file))
+        s.cluster.hold = True
+        analyst = s.client("analyst-1")
+        job = analyst.submit(s.keys["analyst-1"], ids, label="label", k=2)
+        opened_at = time.monotonic()
+        closed, got = _stream_closes(s.gateway.url, ends["token"], job["id"], 14)
+        assert "event: job" in got and "event: end" not in got, got
+        assert closed and time.monotonic() - opened_at >= 5, "streamed past the token's end"
+        # the other one: removed by a reload while the stream runs
+        table = s.gateway.server.config.app.state.tokens
+        tokens_file.write_text(json.dumps([*s.token_config[:-2]]))
+        threading.Timer(2.0, table.reload).start()
+        closed, got = _stream_closes(s.gateway.url, removed["token"], job["id"], 2 + 18)
+        assert "event: job" in got and "event: end" not in got, got
+        assert closed, "streamed on with a token a reload removed"
+        assert analyst.get_job(job["id"])["state"] in ("queued", "running")
+    finally:
+        s.loop.loop.call_soon_threadsafe(s.cluster.release.set)
+        s.close()

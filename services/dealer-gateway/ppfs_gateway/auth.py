@@ -18,6 +18,7 @@ import datetime as dt
 import hashlib
 import hmac
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,24 @@ class TokenTable:
                                        "deployment's operator for a new one")
                 return entry.principal
         raise Unauthenticated("the bearer token is not valid here")
+
+    def seconds_left(self, token: str | None, principal: Principal,
+                     now: dt.datetime | None = None) -> float | None:
+        """How long ``token`` stays in force for ``principal`` (math.inf without an end);
+        None once it is not (removed by a reload, given to another, or ended): for a
+        connection that outlives the request that opened it."""
+        now = now or dt.datetime.now(dt.UTC)
+        try:
+            if self.authenticate(token, now) != principal:
+                return None
+        except (Unauthenticated, TokenExpired):
+            return None
+        digest = hashlib.sha256((token or "").encode()).digest()
+        entry = self._by_hash.get(digest)
+        if entry is None:  # reloaded between the two looks
+            return None
+        end = entry.expires_at
+        return math.inf if end is None else (end - now).total_seconds()
 
     def ending(self, now: dt.datetime | None = None) -> list[str]:
         """Lines for the tokens that have ended or end within 30 days."""

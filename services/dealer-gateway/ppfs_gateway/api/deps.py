@@ -72,3 +72,6 @@ RegistryDep = Annotated[Registry, Depends(get_registry)]
 PartiesDep = Annotated[Parties, Depends(get_parties)]
 JobsDep = Annotated[JobCoordinator, Depends(get_jobs)]
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+# the bearer credential itself, for a route whose answer outlives the request (an event
+# stream looks again whether its token is still in force)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]

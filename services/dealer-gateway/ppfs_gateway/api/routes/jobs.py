@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, status
 from fastapi.responses import StreamingResponse
 
 from ppfs.contract import SignedRequest
 from ppfs.engines.base import PARTY_NAMES
-from ppfs_gateway.api.deps import JobsDep, PrincipalDep
+from ppfs_gateway.api.deps import BearerDep, JobsDep, PrincipalDep, ResourcesDep
 from ppfs_gateway.api.schemas import (
     JobCreate,
     JobOut,
@@ -135,9 +135,21 @@ async def cancel_job(job_id: str, who: PrincipalDep, jobs: JobsDep) -> JobOut:
     return job_out(await jobs.cancel(who, job_id))
 
 
-async def _events(jobs: JobCoordinator, job_id: str) -> AsyncIterator[bytes]:
+# how often, at most, a job's event stream looks again at the token that opened it
+EVENTS_KEEP_ALIVE = 15.0
+
+
+async def _events(
+    jobs: JobCoordinator, job_id: str, left: Callable[[], float | None]
+) -> AsyncIterator[bytes]:
+    """The job's states until it ends, or until the token that opened the stream is no
+    longer in force (``left``: its seconds left, None once removed or ended): then the
+    stream closes without ``end``, and the client's next request meets the 401."""
     last = ""
     while True:
+        remaining = left()
+        if remaining is None or remaining <= 0:
+            return
         changed = jobs.change_event(job_id)  # before reading: no change can slip past
         job = jobs.registry.get_job(job_id)
         if job is None:
@@ -149,7 +161,7 @@ async def _events(jobs: JobCoordinator, job_id: str) -> AsyncIterator[bytes]:
         if job.state in FINAL_STATES:
             yield b"event: end\ndata: {}\n\n"
             return
-        await jobs.wait_change(job_id, 15.0, changed)
+        await jobs.wait_change(job_id, min(EVENTS_KEEP_ALIVE, remaining), changed)
         yield b": keep-alive\n\n"
 
 
@@ -157,11 +169,14 @@ async def _events(jobs: JobCoordinator, job_id: str) -> AsyncIterator[bytes]:
     "/v1/jobs/{job_id}/events",
     responses={200: {"content": {"text/event-stream": {}}, "description": "job states"}},
 )
-def job_events(job_id: str, who: PrincipalDep, jobs: JobsDep) -> StreamingResponse:
-    """Server-sent events: one `job` event (the job as JSON) per change, then `end`."""
+def job_events(job_id: str, who: PrincipalDep, jobs: JobsDep, res: ResourcesDep,
+               cred: BearerDep) -> StreamingResponse:
+    """Server-sent events: one `job` event (the job as JSON) per change, then `end`. The
+    stream closes early once its token is removed (a reload) or ends."""
     jobs.visible(who, job_id)
+    token = cred.credentials if cred else None
     return StreamingResponse(
-        _events(jobs, job_id),
+        _events(jobs, job_id, lambda: res.tokens.seconds_left(token, who)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
