@@ -82,3 +82,60 @@ def test_an_upload_replaced_by_a_retry_is_refused_when_the_gateway_sends_it_late
     assert "this upload was aborted (its id is refused)" in str(info.value), info.value
     assert a.get_dataset(ds)["rows"] == 12 and a.get_dataset(ds)["upload_ids"] == [new]
 
+
+
+def _replacing(up: Any, owner: Any, supersedes: tuple[str, ...]) -> Any:
+    """``up`` re-signed by ``owner`` with a manifest that replaces ``supersedes``."""
+    from dataclasses import replace
+
+    from ppfs.upload import Manifest, sign_manifest
+
+    m = replace(Manifest.from_bytes(up.manifest), supersedes=supersedes)
+    return replace(up, manifest=m.to_bytes(), signature=sign_manifest(m, owner.key))
+
+
+def test_an_owner_cannot_end_another_owners_expired_part_by_naming_it_replaced(
+    tmp_path: Path,
+) -> None:
+    """owner-b's part expired undecided at this party (committed at the others, waiting
+    for owner-b's repair). owner-a, who saw its id, names it in the ``supersedes`` of an
+    upload of its own: refused, and owner-b's part stays expired, not ended for good, so
+    owner-b's repair still brings it back. The same owner replacing its own expired part
+    still ends it for good."""
+    import asyncio
+
+    from nacl.signing import SigningKey
+    from party_harness import Owner, StoreParty, data_upload, put_part
+    from ppfs_party.store import register_owner
+
+    from ppfs.upload import UploadRejected
+
+    party = StoreParty.create(tmp_path, seed=5, now=1_800_000_000.0)
+    b = Owner("owner-b", SigningKey.generate())
+    register_owner(party.state, b.owner_id, bytes(b.key.verify_key))
+    boxes = [bytes(party.box.public_key), *party.others]
+
+    def of(owner: Owner, upload_id: str) -> Any:
+        import numpy as np
+
+        raw = np.random.default_rng(7).integers(-1000, 1000, size=(6, 3))  # test data
+        return data_upload(owner, boxes, raw, ["a", "b", "c"], [0, 0, 0], dataset_id="ds",
+                           upload_id=upload_id, onehot=(np.arange(6) % 2).reshape(6, 1),
+                           label_column="y", classes=("0", "1"))
+
+    async def scenario() -> None:
+        store = party.store()
+        await put_part(store, of(b, "u-b"))
+        await put_part(store, of(party.owner, "u-a-first"))
+        party.now = 1_800_000_000.0 + 30 * 24 * 3600.0
+        assert sorted(await store.expire_staged()) == ["u-a-first", "u-b"]
+        with pytest.raises(UploadRejected, match="u-b"):
+            await put_part(store, _replacing(of(party.owner, "u-a"), party.owner, ("u-b",)))
+        assert store.status("u-a") == "absent"
+        assert store._expired_here("u-b"), "another owner's expired part was ended for good"
+        # its own expired part: ended for good, the retry taken
+        await put_part(store, _replacing(of(party.owner, "u-a2"), party.owner,
+                                         ("u-a-first",)))
+        assert store.status("u-a2") == "staged" and not store._expired_here("u-a-first")
+
+    asyncio.run(scenario())

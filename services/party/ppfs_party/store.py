@@ -198,6 +198,22 @@ EXPIRED = b"expired "
 # how the tombstone of an upload another one replaced (Manifest.supersedes) begins, with
 # the id of the one that replaced it
 SUPERSEDED = b"superseded by "
+
+
+def expired_tombstone(m: Manifest) -> bytes:
+    """The tombstone of a staged part this party expired: its data set and its owner,
+    so that only that owner's upload into that data set can replace it for good."""
+    return EXPIRED + m.dataset_id[:128].encode() + b"\n" + m.owner_id[:128].encode()
+
+
+def expired_whose(tombstone: bytes) -> tuple[str, str | None]:
+    """(data set, owner) of an expired part's tombstone; owner None in a tombstone
+    written before it was recorded."""
+    dataset, _, owner = tombstone.removeprefix(EXPIRED).decode("utf-8", "replace").partition(
+        "\n")
+    return dataset, owner or None
+
+
 # the file in a staged part's directory that holds when this party stored it
 RECEIVED_AT = "received_at"
 
@@ -713,7 +729,7 @@ class ShareStore:
                 async with self._lock:
                     if self._staged.get(uid) is not stored:
                         continue  # decided meanwhile
-                    await self._abort_locked(uid, EXPIRED + dataset_id[:128].encode())
+                    await self._abort_locked(uid, expired_tombstone(stored.manifest))
             except StorageError as exc:
                 log.error("[Party.store] upload=%s dataset=%s staged part expired but its "
                           "abort could not be recorded: %s; tried again later", uid,
@@ -906,6 +922,20 @@ class ShareStore:
                 raise UploadRejected(
                     f"upload {manifest.upload_id!r} replaces upload {sid!r}, which this party "
                     "holds: the same rows would count twice")
+            if sid in self._expired:
+                # expired here undecided, and awaiting its owner's repair perhaps: only
+                # its owner's upload into its data set replaces it for good
+                try:
+                    dataset, owner = expired_whose(await asyncio.to_thread(
+                        (self.aborted_dir / sid).read_bytes))
+                except OSError as exc:
+                    raise storage_error(exc, "reading the uploads it replaces") from None
+                if dataset != manifest.dataset_id[:128] or owner not in (
+                        None, manifest.owner_id[:128]):
+                    raise UploadRejected(
+                        f"upload {manifest.upload_id!r} replaces upload {sid!r}, which is not "
+                        f"{manifest.owner_id!r}'s upload into data set "
+                        f"{manifest.dataset_id!r}: an owner replaces only its own uploads")
         for sid in manifest.supersedes:
             tombstone = SUPERSEDED + manifest.upload_id.encode()
             if sid in self._expired:
