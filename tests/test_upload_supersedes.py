@@ -139,3 +139,36 @@ def test_an_owner_cannot_end_another_owners_expired_part_by_naming_it_replaced(
         assert store.status("u-a2") == "staged" and not store._expired_here("u-a-first")
 
     asyncio.run(scenario())
+
+
+def test_ids_an_upload_replaces_count_against_the_partys_tombstone_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every id an upload replaces that this party never received becomes a tombstone,
+    kept for ever: like an abort of a part it never received, refused once the party
+    keeps its limit of them (an owner's uploads, 16 ids each, would else grow them
+    without end), and nothing of the upload is kept."""
+    import asyncio
+
+    from party_harness import StoreParty, put_part
+    from ppfs_party import store as store_mod
+
+    from ppfs.upload import UploadRejected
+
+    monkeypatch.setattr(store_mod, "MAX_TOMBSTONES", 3)
+    party = StoreParty.create(tmp_path, seed=6)
+
+    async def scenario() -> None:
+        store = party.store()
+        await put_part(store, _replacing(party.sealed("u-1"), party.owner, ("x-1", "x-2")))
+        assert [store.status(u) for u in ("x-1", "x-2", "u-1")] == [
+            "aborted", "aborted", "staged"]
+        with pytest.raises(UploadRejected, match="at most 3 aborted upload ids"):
+            await put_part(store, _replacing(party.sealed("u-2"), party.owner,
+                                             ("x-3", "x-4")))
+        assert [store.status(u) for u in ("x-3", "x-4", "u-2")] == ["absent"] * 3
+        # ids already refused here add no tombstone: taken
+        await put_part(store, _replacing(party.sealed("u-3"), party.owner, ("x-1",)))
+        assert store.status("u-3") == "staged"
+
+    asyncio.run(scenario())

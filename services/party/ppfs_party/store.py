@@ -936,6 +936,12 @@ class ShareStore:
                         f"upload {manifest.upload_id!r} replaces upload {sid!r}, which is not "
                         f"{manifest.owner_id!r}'s upload into data set "
                         f"{manifest.dataset_id!r}: an owner replaces only its own uploads")
+        fresh = [sid for sid in manifest.supersedes if sid not in self._aborted]
+        if fresh and len(self._aborted) + len(fresh) > MAX_TOMBSTONES:
+            # each becomes a tombstone kept for ever, as an abort of a part never received
+            raise UploadRejected(
+                f"this party keeps at most {MAX_TOMBSTONES} aborted upload ids; upload "
+                f"{manifest.upload_id!r} replaces {len(fresh)} more it never received")
         for sid in manifest.supersedes:
             tombstone = SUPERSEDED + manifest.upload_id.encode()
             if sid in self._expired:
