@@ -426,3 +426,30 @@ def test_the_gateway_keeps_its_list_when_the_new_file_is_not_one(
     path.write_bytes(revocations_file_bytes(newer))
     assert served.reload() is True and served.current() == newer
     assert RevocationFile(None).current() == (b"", b"")
+
+
+def test_revocation_list_out_never_replaces_a_file_that_is_not_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` is where the gateway reads the list; the CA directory beside it holds
+    the CA key. A slip that names the CA key (or any file that is not a revocation list)
+    is refused before anything is revoked or issued, the file untouched; a list there is
+    replaced, a new path written."""
+    ca_dir, state = tmp_path / "ca", tmp_path / "bob"
+    assert pki(capsys, "init", "--ca-dir", str(ca_dir))[0] == 0
+    assert main(["party", "init", "--state-dir", str(state), "--index", "1"]) == 0
+    assert pki(capsys, "sign", "--ca-dir", str(ca_dir), "--state-dir", str(state),
+               "--party", "bob", "--revocable")[0] == 0
+    key = (ca_dir / "ca.key").read_bytes()
+    for cmd in (["revocations"], ["revoke", "--party", "bob"]):
+        rc, out, err = pki(capsys, *cmd, "--ca-dir", str(ca_dir),
+                           "--out", str(ca_dir / "ca.key"))
+        assert rc == 2 and "is not a revocation list" in err, (cmd, out, err)
+        assert (ca_dir / "ca.key").read_bytes() == key
+        assert not (ca_dir / REVOCATIONS_FILE).exists(), cmd  # nothing issued
+    served = tmp_path / "gw" / "revocations.json"
+    served.parent.mkdir()
+    assert pki(capsys, "revocations", "--ca-dir", str(ca_dir), "--out", str(served))[0] == 0
+    rc, out, err = pki(capsys, "revoke", "--ca-dir", str(ca_dir), "--party", "bob",
+                       "--out", str(served))
+    assert rc == 0 and served.read_bytes() == (ca_dir / REVOCATIONS_FILE).read_bytes(), err

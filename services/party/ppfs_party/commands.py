@@ -383,6 +383,22 @@ def _list_line(rl: Any, path: Path) -> str:
             "before then (`ppfs pki revocations`) and install it on the gateway")
 
 
+def _check_out(args: argparse.Namespace) -> None:
+    """ValueError, before anything is revoked or issued, when ``--out`` holds a file that
+    is not a revocation list (the CA key beside it, say): it is never replaced. A link
+    there is replaced itself, never written through; a path not there yet is written."""
+    from ppfs.keycert import parse_revocations_file
+    from ppfs.pki import read_regular_file
+
+    if args.out is None or args.out.is_symlink() or not args.out.exists():
+        return
+    try:
+        parse_revocations_file(read_regular_file(args.out))
+    except (ValueError, OSError):
+        raise ValueError(f"{args.out} is not a revocation list: not replaced (--out names "
+                         "the file the gateway reads, its revocation_list)") from None
+
+
 def _write_out(args: argparse.Namespace) -> None:
     from ppfs.revocation import REVOCATIONS_FILE
 
@@ -394,6 +410,7 @@ def _pki_revoke(args: argparse.Namespace) -> int:
     from ppfs.revocation import REVOCATIONS_FILE, revoke
 
     try:
+        _check_out(args)
         new, rl = revoke(args.ca_dir, load_ca(args.ca_dir), party=args.party,
                          sha256=args.statement,
                          freshness=dt.timedelta(days=args.fresh_days))
@@ -418,6 +435,7 @@ def _pki_revocations(args: argparse.Namespace) -> int:
     from ppfs.revocation import REVOCATIONS_FILE, reissue
 
     try:
+        _check_out(args)
         rl = reissue(args.ca_dir, load_ca(args.ca_dir),
                      freshness=dt.timedelta(days=args.fresh_days))
         _write_out(args)
