@@ -7,6 +7,7 @@ answers are turned where the client reads them (ppfs_client.sdk.GatewayClient)."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
