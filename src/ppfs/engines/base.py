@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,45 @@ PARTY_NAMES = ("Alice", "Bob", "Carol", "Dave")
 INPUT_FILES = ("data.shr", "labels.shr", "mask.shr")
 
 Progress = Callable[[str], None]
+
+
+# The umask an engine's processes run with: what they write (MP-SPDZ's MAC keys and
+# output, an MPyC worker's opened words and status) is for this user alone.
+PRIVATE_UMASK = 0o077
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory for this user alone (0700), made if missing (its missing
+    parents too, each 0700) and narrowed if it was there: a party's directories hold
+    share components, MAC keys, its TLS key and opened words, whatever the umask and
+    however open the folder it is given is."""
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=0o700)
+        d.chmod(0o700)
+    path.chmod(0o700)
+    return path
+
+
+def private_opener(path: str, flags: int) -> int:
+    """``open(..., opener=private_opener)``: a file it creates is 0600 from the start."""
+    return os.open(path, flags, 0o600)
+
+
+def make_private(root: Path) -> None:
+    """Take every group and other permission off ``root`` and what is under it (links
+    are not followed: they carry no access of their own)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (".", *dirnames, *filenames):
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o077:
+                os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
 
 
 class ProgressNote(str):
@@ -172,7 +213,7 @@ class PartyRunSpec:
         bundles = self.take_bundles()
         if bundles is None:
             return
-        self.input_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.input_dir)
         for b in bundles:
             b.save(self.input_dir / f"{b.kind}.shr", durable=False)
 

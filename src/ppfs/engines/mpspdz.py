@@ -70,6 +70,7 @@ from ppfs.engines import pdeathsig
 from ppfs.engines.base import (
     INPUT_FILES,
     PARTY_NAMES,
+    PRIVATE_UMASK,
     EngineRun,
     PartyRunResult,
     PartyRunSpec,
@@ -79,6 +80,9 @@ from ppfs.engines.base import (
     Progress,
     ProgressNote,
     Step2AInputs,
+    make_private,
+    private_dir,
+    private_opener,
     to_thread_to_the_end,
 )
 from ppfs.engines.mpspdz_check import (
@@ -463,7 +467,8 @@ class _Capture:
         if self._partial:
             self._keep(self._partial)
             self._partial = b""
-        self.path.write_bytes(bytes(self.kept))
+        with open(self.path, "wb", opener=private_opener) as fh:
+            fh.write(bytes(self.kept))
 
 
 # The program's stages in the order it runs them (step2a.mpc, progress()), as a user
@@ -752,11 +757,12 @@ class MpSpdzEngine:
         tls_root = dirs[0].parent / "tls"
         if tls_root.exists():
             shutil.rmtree(tls_root)
+        private_dir(tls_root)
         ports = free_ports(n)
         peers = tuple(("127.0.0.1", port) for port in ports)
         specs = []
         for i, d in enumerate(dirs):
-            own = tls_root / f"P{i}"
+            own = private_dir(tls_root / f"P{i}")
             csr = party_key_and_csr(own / f"P{i}.key", self.mpc_subject(i)[0])
             write_cert(own / f"P{i}.pem", ca.issue(csr))
             write_cert(own / "ppfs-ca.pem", ca.cert)
@@ -766,6 +772,7 @@ class MpSpdzEngine:
                 tls=PartyTls(own / f"P{i}.key", own / f"P{i}.pem", own / "ppfs-ca.pem"),
                 dial=self.peer_view(i, peers) if self.peer_view is not None else None,
             ))
+        make_private(tls_root)
         return specs
 
     def _setup_party(self, spec: PartyRunSpec, programs: Path, name: str, digest: str,
@@ -783,8 +790,8 @@ class MpSpdzEngine:
         hosts = spec.dial_addresses()  # the party binds the port of its own line
         if d.exists():
             shutil.rmtree(d)
-        pdata = d / "Player-Data"
-        pdata.mkdir(parents=True)
+        # for this user alone from the start, whatever the umask and the folder above
+        pdata = private_dir(d / "Player-Data")
         (pdata / f"P{i}.key").symlink_to(spec.tls.key.resolve())
         for fname, path in ((f"P{i}.pem", spec.tls.cert), ("ppfs-ca.pem", spec.tls.ca_cert)):
             cert = x509.load_pem_x509_certificate(path.read_bytes())
@@ -795,6 +802,7 @@ class MpSpdzEngine:
         write_party_input(spec.security, spec.shape, i, spec.input_dir,
                           pdata / f"Input-Binary-P{i}-0", spec.session_tag or 0,
                           persistence_file(d, i), memory_file(d, i), spec.take_bundles())
+        make_private(d)  # its input file and copies of share components, HOSTS
         linked = (d / "Programs").resolve()
         own = hashed.get(linked) if hashed is not None else None
         if own is None:
@@ -908,6 +916,8 @@ class MpSpdzEngine:
             cwd=d, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            # what the party writes (its MAC keys, opened words, peak memory): ours alone
+            umask=PRIVATE_UMASK,
         )
         out = _Capture(d / "stdout.log", on_progress=on_progress)
         err = _Capture(d / "stderr.log")

@@ -43,6 +43,7 @@ from ppfs.durable import free_ports
 from ppfs.engines import mpyc_party
 from ppfs.engines.base import (
     PARTY_NAMES,
+    PRIVATE_UMASK,
     EngineRun,
     PartyRunResult,
     PartyRunSpec,
@@ -51,6 +52,9 @@ from ppfs.engines.base import (
     PeerView,
     Progress,
     Step2AInputs,
+    make_private,
+    private_dir,
+    private_opener,
     to_thread_to_the_end,
 )
 from ppfs.engines.mpyc_party import (
@@ -138,7 +142,7 @@ async def _drain(stream: asyncio.StreamReader | None, path: Path, cap: int) -> N
     if stream is None:
         return
     kept = 0
-    with open(path, "wb") as fh:
+    with open(path, "wb", opener=private_opener) as fh:
         while True:
             chunk = await stream.read(65536)
             if not chunk:
@@ -296,8 +300,8 @@ class MpycEngine:
         ca = CertificateAuthority.create("ppfs MPyC run CA")
         specs = []
         for i, d in enumerate(dirs):
-            cfg = d / ".config"
-            cfg.mkdir(parents=True, exist_ok=True)
+            # for this user alone from the start, whatever the umask and folder above
+            cfg = private_dir(d / ".config")
             cn, dns_san = self.mpc_subject(i)
             csr = party_key_and_csr(cfg / f"party_{i}.key", cn)
             write_cert(cfg / f"party_{i}.crt", ca.issue(csr, dns_san=dns_san))
@@ -324,8 +328,8 @@ class MpycEngine:
             )
         spec.write_input_files()
         addresses = spec.dial_addresses()
-        cfg = d / ".config"
-        cfg.mkdir(parents=True, exist_ok=True)
+        cfg = private_dir(d / ".config")
+        private_dir(d)
         for stale in ("status.txt", "result.json", "opened.u64", "worker.pid"):
             (d / stale).unlink(missing_ok=True)
         for src, fname in ((spec.tls.key, f"party_{i}.key"), (spec.tls.cert, f"party_{i}.crt"),
@@ -353,6 +357,7 @@ class MpycEngine:
             "session_tag": spec.session_tag or 0,
         }
         (d / "job.json").write_text(json.dumps(job, indent=1))
+        make_private(d)
 
     async def _launch(self, i: int, d: Path) -> _Worker:
         env = dict(os.environ)
@@ -368,8 +373,11 @@ class MpycEngine:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=env,
+            # what the worker writes (its status, result and opened words): ours alone
+            umask=PRIVATE_UMASK,
         )
-        (d / "worker.pid").write_text(str(proc.pid))
+        with open(d / "worker.pid", "w", opener=private_opener) as fh:
+            fh.write(str(proc.pid))
         w = _Worker(i, d, proc, time.monotonic())
         w.drains = [
             asyncio.create_task(_drain(proc.stdout, d / "worker.out", self.log_cap)),
