@@ -259,6 +259,7 @@ class JobRunner:
         """Load job records; a job that was queued or running did not survive."""
         self.revocations.open()
         self.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.jobs_dir.chmod(0o700)  # however it was there: it holds the jobs' shares
         for f in self.jobs_dir.glob(".*.tmp"):
             f.unlink(missing_ok=True)
         for path in sorted(self.jobs_dir.glob("*.json")):

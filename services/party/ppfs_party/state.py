@@ -143,6 +143,9 @@ def usable_engines(settings: PartySettings) -> dict[str, Engine]:
 def open_state(settings: PartySettings) -> PartyState:
     """Load (or on first start create) the party's keys, store and job records."""
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # for the party's user alone even if it was there with open modes (restored by a
+    # plain copy, made by hand): it holds share components, keys and job results
+    settings.state_dir.chmod(0o700)
     engines = usable_engines(settings)
     keys = load_or_create(settings.state_dir, settings.index, settings.control_name, engines)
     audit = AuditLog(settings.state_dir / "audit.log")
