@@ -312,6 +312,9 @@ def _select_run(args: argparse.Namespace, table: LabelledTable, security: Securi
         except EngineError as exc:
             who = f" (party {exc.party})" if exc.party else ""
             print(f"ppfs: error: secure run failed{who}: {exc}", file=sys.stderr)
+            if not keep:  # the parties' logs go with the temporary directory below
+                print("ppfs: the parties' working directories and logs are removed; "
+                      "rerun with --workdir DIR to keep them", file=sys.stderr)
             return EXIT_FAILED
         except PpfsError as exc:
             print(f"ppfs: error: {exc}", file=sys.stderr)
