@@ -8,10 +8,12 @@ import argparse
 import asyncio
 import contextlib
 import csv
+import fcntl
 import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -286,13 +288,59 @@ def _make_workdir(path: Path) -> None:
             f"--workdir: cannot use {path} as a directory: {exc.strerror or exc}") from None
 
 
+TEMP_PREFIX = "ppfs-"
+# in each temporary directory of a run, locked (flock) by the run while it lasts: one
+# that is unlocked was left by a run killed before it could remove it
+RUN_LOCK = "select.lock"
+
+
+def _temp_workdir() -> tuple[Path, int]:
+    """A new temporary directory for the run (0700) and the descriptor holding its
+    lock; the kernel drops the lock however the run ends."""
+    path = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
+    fd = os.open(path / RUN_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return path, fd
+
+
+def _remove_left_behind() -> None:
+    """Remove this user's temporary directories of runs killed before they could (they
+    hold every party's shares, the recipient's mask shares and TLS keys): those with an
+    unlocked run lock. A run still going holds its lock; a directory without one is not
+    a run's and stays."""
+    for d in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*"):
+        try:
+            st = d.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            fd = os.open(d / RUN_LOCK, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: a run still going
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(d, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
 def _select_run(args: argparse.Namespace, table: LabelledTable, security: Security,
                 engine: Engine, fp: FixedPoint, train: TrainParams | None, reveal_reduced: bool,
                 scorer: Scorer, read_seconds: float | None, out_tmp: Path | None) -> int:
     keep = args.workdir is not None
+    _remove_left_behind()
     with _terminating_signals_exit():
+        lock: int | None = None
+        if keep:
+            workdir = args.workdir
+        else:
+            workdir, lock = _temp_workdir()
         # absolute: each engine party runs with its own directory as cwd
-        workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="ppfs-"))).absolute()
+        workdir = workdir.absolute()
         _make_workdir(workdir)
         t0 = time.monotonic()
         try:
@@ -322,6 +370,8 @@ def _select_run(args: argparse.Namespace, table: LabelledTable, security: Securi
         finally:
             if not keep:
                 shutil.rmtree(workdir, ignore_errors=True)
+            if lock is not None:
+                os.close(lock)
     seconds = time.monotonic() - t0
     if out_tmp is not None:
         try:
