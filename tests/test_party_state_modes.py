@@ -6,11 +6,13 @@ requests and public keys)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from pathlib import Path
 
 import pytest
+from party_harness import StoreParty, put_part
 from ppfs_party.config import PartySettings
 from ppfs_party.state import open_state
 
@@ -48,3 +50,16 @@ def test_an_open_state_directory_is_narrowed_when_the_party_opens_it(
     # csr/ holds certificate requests and public keys, for the operator to take away
     found = [f for f in _open_to_others(state) if not f.split()[1].startswith("csr")]
     assert found == []
+
+
+def test_a_stored_upload_is_for_the_party_alone(tmp_path: Path, open_umask: None) -> None:
+    # a part is kept opened (its share components in the clear) once it is accepted
+    (tmp_path / "state").mkdir(mode=0o700)
+    party = StoreParty.create(tmp_path / "state", seed=2)
+    store = party.store()
+    for upload_id, staged in (("u1", False), ("u2", True)):
+        asyncio.run(put_part(store, party.sealed(upload_id), staged=staged))
+    assert (tmp_path / "state" / "uploads" / "u1" / "data.shr").exists()
+    assert party.staged_dir("u2").exists()
+    assert _open_to_others(tmp_path / "state" / "uploads") == []
+    assert _open_to_others(tmp_path / "state" / "staged") == []

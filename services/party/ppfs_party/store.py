@@ -1039,7 +1039,10 @@ class ShareStore:
                 *(((RECEIVED_AT, f"{self._clock():.3f}\n".encode()),) if header.staged
                   else ()),
             ):
-                with open(tmp / name, "wb") as fh:
+                # 0600 from the start: the part's share components, kept opened
+                fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                             0o600)
+                with open(fd, "wb") as fh:
                     fh.write(data)
                     fh.flush()
                     os.fsync(fh.fileno())
