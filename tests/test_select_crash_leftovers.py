@@ -68,3 +68,35 @@ def test_the_next_select_removes_what_a_killed_one_left(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr.decode()
     assert sorted(p.name for p in tmp.iterdir()) == ["ppfs-not-a-run"]
     assert (other / "keep.txt").read_text() == "x"
+
+
+def test_a_run_between_making_its_lock_and_locking_it_is_not_taken_for_a_dead_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another run looking for what killed runs left, just as this one makes its lock and
+    before it holds it, must not remove this run's directory."""
+    import fcntl
+
+    from ppfs import cli
+
+    monkeypatch.setattr(cli.tempfile, "tempdir", str(tmp_path))
+    lock = fcntl.flock
+    looked: list[bool] = []
+
+    def another_run_looks_first(fd: int, op: int) -> None:
+        if not looked:  # this run's own lock: another run looks first
+            looked.append(True)
+            cli._remove_left_behind()
+        lock(fd, op)
+
+    monkeypatch.setattr(cli.fcntl, "flock", another_run_looks_first)
+    path, fd = cli._temp_workdir()
+    try:
+        assert path.is_dir() and (path / cli.RUN_LOCK).exists()
+        monkeypatch.setattr(cli.fcntl, "flock", lock)
+        cli._remove_left_behind()  # held: left alone
+        assert path.is_dir()
+    finally:
+        os.close(fd)
+    cli._remove_left_behind()  # its run gone: removed
+    assert not path.exists()

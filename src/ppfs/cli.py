@@ -298,9 +298,12 @@ def _temp_workdir() -> tuple[Path, int]:
     """A new temporary directory for the run (0700) and the descriptor holding its
     lock; the kernel drops the lock however the run ends."""
     path = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
-    fd = os.open(path / RUN_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+    # locked under another name, then renamed into place: a run looking for what killed
+    # runs left never finds this lock unlocked, not even between its making and locking
+    fd = os.open(path / f".{RUN_LOCK}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
                  0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(path / f".{RUN_LOCK}", path / RUN_LOCK)
     return path, fd
 
 
