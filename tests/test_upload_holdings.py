@@ -42,18 +42,31 @@ def _held_at(s: Stack, party: int, ds: str) -> dict[str, str]:
     return {u.manifest.upload_id: status for u, status in store.listing(ds)}
 
 
-def _never_commit_at_carol(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The gateway never sends Carol a commit, and acknowledges it in her name."""
+def _commit_never_sent(monkeypatch: pytest.MonkeyPatch, at: tuple[int, ...] = (2,)) -> None:
+    """The gateway never sends the parties ``at`` (Carol) a commit, and acknowledges it
+    in their name."""
     decide = PartyClient.decide_upload
 
     async def turned(self: PartyClient, dataset_id: str, upload_id: str, commit: bool,
                      timeout: float | None = None) -> Any:
-        if self.index == 2 and commit:
+        if self.index in at and commit:
             return pb.UploadDecisionResponse(upload_id=upload_id,
                                              status=pb.UPLOAD_STATUS_COMMITTED)
         return await decide(self, dataset_id, upload_id, commit, timeout)
 
     monkeypatch.setattr(PartyClient, "decide_upload", turned)
+
+
+def _left_out_of_the_record(monkeypatch: pytest.MonkeyPatch, upload_id: str) -> None:
+    """The gateway's answer to `check` leaves ``upload_id`` out of its record."""
+    check = GatewayClient.check_dataset
+
+    def hiding(self: GatewayClient, dataset_id: str) -> dict[str, Any]:
+        got = check(self, dataset_id)
+        got["recorded"] = [u for u in got["recorded"] if u["upload_id"] != upload_id]
+        return got
+
+    monkeypatch.setattr(GatewayClient, "check_dataset", hiding)
 
 
 def test_an_upload_is_confirmed_by_every_partys_signed_statement(
@@ -83,7 +96,7 @@ def test_a_gateway_that_never_commits_a_part_cannot_tell_the_owner_it_was_added(
     ds = a.create_dataset("withheld")["id"]
     t = make_table(20, 3, seed=3)
     a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, 10)), ds)
-    _never_commit_at_carol(monkeypatch)
+    _commit_never_sent(monkeypatch)
     exps = a.get_dataset(ds)["column_exponents"]
     with pytest.raises(UploadNotConfirmed) as info:
         a.upload_table(s.keys["owner-a"], owner_table(t, slice(10, 20)), ds, exponents=exps)
@@ -172,20 +185,12 @@ def test_a_gateway_that_leaves_an_upload_out_of_its_record_cannot_hide_that_a_pa
     ds = a.create_dataset("unrecorded")["id"]
     t = make_table(20, 3, seed=7)
     a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, 10)), ds)
-    _never_commit_at_carol(monkeypatch)
+    _commit_never_sent(monkeypatch)
     with pytest.raises(UploadNotConfirmed):
         a.upload_table(s.keys["owner-a"], owner_table(t, slice(10, 20)), ds,
                        exponents=a.get_dataset(ds)["column_exponents"])
     staged = next(u for u, st in _held_at(s, 2, ds).items() if st == "staged")
-    # the gateway's answer to `check` now leaves that upload out of its record
-    check = GatewayClient.check_dataset
-
-    def hiding(self: GatewayClient, dataset_id: str) -> dict[str, Any]:
-        got = check(self, dataset_id)
-        got["recorded"] = [u for u in got["recorded"] if u["upload_id"] != staged]
-        return got
-
-    monkeypatch.setattr(GatewayClient, "check_dataset", hiding)
+    _left_out_of_the_record(monkeypatch, staged)
     rc, out, err = run_cli(capsys, s, "owner-a", "datasets", "holdings", ds, "--json")
     assert rc == 1, err
     said = json.loads(out)
@@ -304,28 +309,12 @@ def test_an_upload_staged_only_and_unrecorded_is_named_not_counted_as_missing(
     ds = a.create_dataset("undecided")["id"]
     t = make_table(20, 3, seed=15)
     a.upload_table(s.keys["owner-a"], owner_table(t, slice(0, 10)), ds)
-    decide = PartyClient.decide_upload
-
-    async def turned(self: PartyClient, dataset_id: str, upload_id: str, commit: bool,
-                     timeout: float | None = None) -> Any:
-        if commit:  # never sent, acknowledged in every party's name
-            return pb.UploadDecisionResponse(upload_id=upload_id,
-                                             status=pb.UPLOAD_STATUS_COMMITTED)
-        return await decide(self, dataset_id, upload_id, commit, timeout)
-
-    monkeypatch.setattr(PartyClient, "decide_upload", turned)
+    _commit_never_sent(monkeypatch, at=(0, 1, 2))  # at any party
     with pytest.raises(UploadNotConfirmed):
         a.upload_table(s.keys["owner-a"], owner_table(t, slice(10, 20)), ds,
                        exponents=a.get_dataset(ds)["column_exponents"])
     (staged,) = [u for u, st in _held_at(s, 0, ds).items() if st == "staged"]
-    check = GatewayClient.check_dataset
-
-    def hiding(self: GatewayClient, dataset_id: str) -> dict[str, Any]:
-        got = check(self, dataset_id)
-        got["recorded"] = [u for u in got["recorded"] if u["upload_id"] != staged]
-        return got
-
-    monkeypatch.setattr(GatewayClient, "check_dataset", hiding)
+    _left_out_of_the_record(monkeypatch, staged)
     rc, out, err = run_cli(capsys, s, "owner-a", "datasets", "holdings", ds, "--json")
     assert rc == 0, err
     said = json.loads(out)
