@@ -276,15 +276,18 @@ def test_revocation_checks() -> None:
     who = "party 2 (Carol): its key statement is trusted only with"
     with pytest.raises(UntrustedPartyKey, match=re.escape(who)):
         verify_party_keys(anchor, **ok)  # the default: no list
-    # a list stale by less than the clock skew allowance is taken, by more refused
-    issued = NOW - 7 * DAY
+    # a list stale by less than the clock skew allowance is taken, by more refused (at a
+    # time taken now, within the statement's validity: the module's NOW is from before
+    # the statement was signed when the whole suite runs)
+    now = dt.datetime.now(dt.UTC)
+    issued = now - 7 * DAY
     for late, taken in ((dt.timedelta(minutes=4), True), (dt.timedelta(minutes=6), False)):
         old = issue_revocations(ca.key, ca.cert, set(), now=issued - late)
         if taken:
-            verify_party_keys(anchor, revocations=old, now=NOW, **ok)
+            verify_party_keys(anchor, revocations=old, now=now, **ok)
         else:
             with pytest.raises(UntrustedPartyKey, match="went stale on"):
-                verify_party_keys(anchor, revocations=old, now=NOW, **ok)
+                verify_party_keys(anchor, revocations=old, now=now, **ok)
     named = issue_revocations(ca.key, ca.cert, {statement_sha256(st)})
     with pytest.raises(UntrustedPartyKey, match=r"Carol.*revoked by the deployment CA"):
         verify_party_keys(anchor, revocations=named, **ok)
