@@ -80,3 +80,31 @@ def test_the_parties_find_mp_spdz_libraries_in_its_home(tmp_path: Path) -> None:
                                 '*) exit 127;; esac\n'
                                 'echo "Fatal error: check hash mismatch" >&2\nexit 1\n')
     asyncio.run(check_spdzwise(home, home / "sy-rep-ring-party.x", tmp_path / "cache"))
+
+
+def test_parties_that_check_at_once_run_one_probe(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # three parties of one machine sharing a cache check the build at once (as their
+    # first active-3PC jobs start together): one probe runs, the others take its verdict
+    # (three probes at once ran nine MP-SPDZ parties on free ports side by side)
+    import ppfs.engines.mpspdz_check as check
+
+    home = _fake_home(tmp_path, "exit 0\n")
+    cache = tmp_path / "cache"
+    probes: list[int] = []
+
+    async def probe(home: Path, binary: Path, cache_dir: Path) -> str:
+        probes.append(1)
+        await asyncio.sleep(0.3)  # while the others ask
+        return check.SOUND
+
+    monkeypatch.setattr(check, "_probe", probe)
+
+    async def three() -> None:
+        await asyncio.gather(*(check_spdzwise(home, home / "sy-rep-ring-party.x", cache)
+                               for _ in range(3)))
+
+    asyncio.run(three())
+    assert len(probes) == 1
+    (verdict,) = (cache / "checks").iterdir()
+    assert verdict.read_text().strip() == "sound"

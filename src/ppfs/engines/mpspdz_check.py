@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import os
 import secrets
@@ -136,11 +137,7 @@ async def check_spdzwise(home: Path, binary: Path, cache_dir: Path) -> None:
     try:
         verdict = verdict_file.read_text().strip()
     except OSError:
-        verdict = await _probe(home, binary, cache_dir)
-        verdict_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = verdict_file.with_name(f".{verdict_file.name}.{uuid.uuid4().hex}")
-        tmp.write_text(verdict + "\n")
-        os.replace(tmp, verdict_file)
+        verdict = await _probe_once(home, binary, cache_dir, verdict_file)
     if verdict != SOUND:
         raise EngineError(
             f"MP-SPDZ's {binary.name} at {binary.parent} accepts a value whose MAC was "
@@ -150,6 +147,33 @@ async def check_spdzwise(home: Path, binary: Path, cache_dir: Path) -> None:
             "to run active-3pc on it (use a build whose check rejects a forged MAC, "
             "or active-4pc)"
         )
+
+
+async def _probe_once(home: Path, binary: Path, cache_dir: Path, verdict_file: Path) -> str:
+    """The verdict, probed by one caller at a time for the build: parties that share
+    ``cache_dir`` (those of one machine, or of one process) and check at once wait for
+    the first one's verdict instead of each running three more MP-SPDZ parties at the
+    same time. The lock is the kernel's (flock), so none is left by a crash."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(cache_dir / f".{verdict_file.name}.lock",
+                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        while True:  # polled: a waiter can be cancelled at any time
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.1)
+        with contextlib.suppress(OSError):
+            return verdict_file.read_text().strip()  # the verdict of the one before
+        verdict = await _probe(home, binary, cache_dir)
+        verdict_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = verdict_file.with_name(f".{verdict_file.name}.{uuid.uuid4().hex}")
+        tmp.write_text(verdict + "\n")
+        os.replace(tmp, verdict_file)
+        return verdict
+    finally:
+        os.close(fd)  # and with it the lock
 
 
 async def _probe(home: Path, binary: Path, cache_dir: Path) -> str:
