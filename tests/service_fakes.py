@@ -302,6 +302,9 @@ class FakeCluster:
         self.hold = False  # keep jobs running until released
         self.mpc_port_count = 1  # each party's MPC ports (GetIdentity)
         self.release = asyncio.Event()
+        # the computations under way: held here so none is collected mid-run, and
+        # ended by stop() instead of being left pending when the loop closes
+        self._runs: set[asyncio.Task[None]] = set()
         self.ca = CertificateAuthority.create("test deployment CA")
         self.tls_dir = root / "pki"
         write_cert(self.tls_dir / "ca.pem", self.ca.cert)
@@ -340,6 +343,9 @@ class FakeCluster:
             self.servers[i] = None
 
     async def stop(self) -> None:
+        for task in self._runs:
+            task.cancel()
+        await asyncio.gather(*self._runs, return_exceptions=True)
         for i in range(self.n):
             await self.stop_party(i)
 
@@ -367,7 +373,9 @@ class FakeCluster:
 
     def maybe_run(self, job_id: str) -> None:
         if all(job_id in p.jobs for p in self.parties):
-            asyncio.get_running_loop().create_task(self._run(job_id))
+            task = asyncio.get_running_loop().create_task(self._run(job_id))
+            self._runs.add(task)
+            task.add_done_callback(self._runs.discard)
 
     def _matrix(self, upload_ids: list[str], kind: str) -> np.ndarray:
         rows = []
