@@ -77,9 +77,9 @@ def test_a_run_between_making_its_lock_and_locking_it_is_not_taken_for_a_dead_on
     before it holds it, must not remove this run's directory."""
     import fcntl
 
-    from ppfs import cli
+    from ppfs import cli, run_dirs
 
-    monkeypatch.setattr(cli.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(run_dirs.tempfile, "tempdir", str(tmp_path))
     lock = fcntl.flock
     looked: list[bool] = []
 
@@ -89,11 +89,11 @@ def test_a_run_between_making_its_lock_and_locking_it_is_not_taken_for_a_dead_on
             cli._remove_left_behind()
         lock(fd, op)
 
-    monkeypatch.setattr(cli.fcntl, "flock", another_run_looks_first)
+    monkeypatch.setattr(run_dirs.fcntl, "flock", another_run_looks_first)
     path, fd = cli._temp_workdir()
     try:
-        assert path.is_dir() and (path / cli.RUN_LOCK).exists()
-        monkeypatch.setattr(cli.fcntl, "flock", lock)
+        assert path.is_dir() and (path / run_dirs.RUN_LOCK).exists()
+        monkeypatch.setattr(run_dirs.fcntl, "flock", lock)
         cli._remove_left_behind()  # held: left alone
         assert path.is_dir()
     finally:

@@ -8,12 +8,10 @@ import argparse
 import asyncio
 import contextlib
 import csv
-import fcntl
 import json
 import os
 import shutil
 import signal
-import stat
 import sys
 import tempfile
 import threading
@@ -49,6 +47,7 @@ from ppfs.errors import (
 from ppfs.fixedpoint import FixedPoint
 from ppfs.jobflags import add_scorer_flag, add_training_flags, train_params_from_flags
 from ppfs.local import Selection, run_select
+from ppfs.run_dirs import make_run_dir, remove_left_behind
 from ppfs.scoring import Scorer
 from ppfs.step2a import Security, Step2AShape
 from ppfs.step2b import TrainParams
@@ -288,47 +287,10 @@ def _make_workdir(path: Path) -> None:
             f"--workdir: cannot use {path} as a directory: {exc.strerror or exc}") from None
 
 
-TEMP_PREFIX = "ppfs-"
-# in each temporary directory of a run, locked (flock) by the run while it lasts: one
-# that is unlocked was left by a run killed before it could remove it
-RUN_LOCK = "select.lock"
-
-
-def _temp_workdir() -> tuple[Path, int]:
-    """A new temporary directory for the run (0700) and the descriptor holding its
-    lock; the kernel drops the lock however the run ends."""
-    path = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
-    # locked under another name, then renamed into place: a run looking for what killed
-    # runs left never finds this lock unlocked, not even between its making and locking
-    fd = os.open(path / f".{RUN_LOCK}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-                 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.rename(path / f".{RUN_LOCK}", path / RUN_LOCK)
-    return path, fd
-
-
-def _remove_left_behind() -> None:
-    """Remove this user's temporary directories of runs killed before they could (they
-    hold every party's shares, the recipient's mask shares and TLS keys): those with an
-    unlocked run lock. A run still going holds its lock; a directory without one is not
-    a run's and stays."""
-    for d in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*"):
-        try:
-            st = d.lstat()
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-                continue
-            fd = os.open(d / RUN_LOCK, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: a run still going
-            os.close(fd)
-            continue
-        try:
-            shutil.rmtree(d, ignore_errors=True)
-        finally:
-            os.close(fd)
+# a run's temporary directory, locked while it lasts; the next run (of `ppfs select` or
+# `ppfs demo`) removes those whose run was killed (ppfs.run_dirs)
+_temp_workdir = make_run_dir
+_remove_left_behind = remove_left_behind
 
 
 def _select_run(args: argparse.Namespace, table: LabelledTable, security: Security,

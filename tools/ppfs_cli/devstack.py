@@ -42,10 +42,10 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +58,7 @@ from ppfs.durable import free_port_ranges
 from ppfs.engines import pdeathsig
 from ppfs.engines.base import PARTY_NAMES
 from ppfs.errors import ParameterError, PpfsError
+from ppfs.run_dirs import TEMP_PREFIX, make_run_dir, remove_left_behind
 from ppfs.state_lock import StateDirInUse, StateDirLock, hold_state_dir
 
 EXIT_FAILED = 1
@@ -573,6 +574,11 @@ async def _run_started(stack: Stack, args: argparse.Namespace, stop: asyncio.Eve
                   "again)", file=sys.stderr, flush=True)
 
 
+# `ppfs demo-service`'s temporary state directory (ppfs.run_dirs: one a demo killed
+# outright leaves is removed by the next demo or `ppfs select`)
+DEMO_PREFIX = TEMP_PREFIX + "demo-"
+
+
 async def run_demo(args: argparse.Namespace) -> int:
     from ppfs.engines.registry import default_engine_name
 
@@ -589,11 +595,15 @@ async def run_demo(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
-    tmp: tempfile.TemporaryDirectory[str] | None = None
+    # what demos (and `ppfs select` runs) killed outright left: their keys and shares
+    await asyncio.to_thread(remove_left_behind)
+    tmp: Path | None = None
+    run_lock: int | None = None
     root = args.state_dir
     if root is None:
-        tmp = tempfile.TemporaryDirectory(prefix="ppfs-demo-")
-        root = Path(tmp.name)
+        # held while the demo lasts: the next demo removes it only once this one is gone
+        tmp, run_lock = await asyncio.to_thread(make_run_dir, DEMO_PREFIX)
+        root = tmp
     lock: StateDirLock | None = None
     try:
         lock = await asyncio.to_thread(claim_state_dir, root,
@@ -624,8 +634,9 @@ async def run_demo(args: argparse.Namespace) -> int:
         if lock is not None:
             lock.release()
         if tmp is not None:
-            with contextlib.suppress(OSError):
-                tmp.cleanup()
+            shutil.rmtree(tmp, ignore_errors=True)
+        if run_lock is not None:
+            os.close(run_lock)
 
 
 def _demo_flow(stack: Stack, layout: StackLayout, args: argparse.Namespace, engine: str) -> int:
