@@ -47,6 +47,7 @@ from ppfs.pki import (
 from ppfs_party.config import (
     DEFAULT_BUNDLE_CACHE,
     DEFAULT_DRAIN_SECONDS,
+    DEFAULT_JOB_RETENTION_DAYS,
     DEFAULT_MAX_OPEN_UPLOADS,
     DEFAULT_MAX_UPLOAD,
     DEFAULT_STAGED_EXPIRY,
@@ -106,6 +107,12 @@ def add_commands(subparsers: Any) -> None:
                        help="abort an upload part still staged (neither committed nor "
                             "aborted by the gateway) HOURS after it arrived; a later "
                             f"commit of it is refused (default {DEFAULT_STAGED_EXPIRY / 3600:g})")
+    serve.add_argument("--job-retention-days", type=float,
+                       default=DEFAULT_JOB_RETENTION_DAYS, metavar="DAYS",
+                       help="DAYS after a job ended, delete its files here (engine logs, "
+                            "its result's masked outputs) and keep only a tombstone that "
+                            "refuses it again; its result cannot be fetched after that "
+                            f"(default {DEFAULT_JOB_RETENTION_DAYS:g})")
     serve.add_argument("--bundle-cache-mib", type=int, default=DEFAULT_BUNDLE_CACHE >> 20,
                        metavar="MIB",
                        help="keep loaded upload shares in memory for the next job, up to "
@@ -300,6 +307,7 @@ def _settings(args: argparse.Namespace) -> PartySettings:
             upload_timeout=args.upload_timeout,
             max_open_uploads=args.max_open_uploads,
             staged_expiry=args.staged_expiry_hours * 3600,
+            job_retention_days=args.job_retention_days,
             bundle_cache_bytes=args.bundle_cache_mib << 20,
             job_timeout=args.job_timeout, port_file=args.port_file,
             drain_seconds=args.drain_seconds,

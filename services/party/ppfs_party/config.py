@@ -21,6 +21,12 @@ DEFAULT_MAX_OPEN_UPLOADS = 64
 # a staged upload part the gateway has not decided within this many seconds of its
 # arrival is aborted by the party itself: an undecided part holds the party's disk
 DEFAULT_STAGED_EXPIRY = 24 * 3600.0
+# a job that ended (succeeded, failed or cancelled) this many days ago is pruned: its
+# directory (the engine's logs, the opened masked words of its result) is deleted and
+# its record reduced to a tombstone (what refuses its replay). Its result can be fetched
+# until then: a month leaves the recipient time for a late fetch, while the masked
+# outputs and logs of a party that runs for years do not stay at rest for years.
+DEFAULT_JOB_RETENTION_DAYS = 30.0
 # `ppfs party serve`: what a stop (SIGTERM) gives the unfinished jobs to end, so that a
 # planned restart fails none of the jobs a minute's wait would finish
 DEFAULT_DRAIN_SECONDS = 60.0
@@ -129,6 +135,9 @@ class PartySettings:
     # seconds a staged part waits for the gateway's commit or abort; then it is aborted
     # here (a commit arriving later is refused)
     staged_expiry: float = DEFAULT_STAGED_EXPIRY
+    # days after a job ended that its directory is deleted and its record pruned to a
+    # tombstone (its result can no longer be fetched here)
+    job_retention_days: float = DEFAULT_JOB_RETENTION_DAYS
     # where this party dials some peers' engines instead of the job's addresses (relays)
     mpc_dial: tuple[MpcDial, ...] = ()
 
@@ -153,6 +162,9 @@ class PartySettings:
         if not 0 < self.staged_expiry <= 366 * 86_400:
             raise ParameterError("staged_expiry (--staged-expiry-hours) must be more than 0 "
                                  "and at most a year")
+        if not 1 / 24 <= self.job_retention_days <= 3660:  # NaN too
+            raise ParameterError("job_retention_days (--job-retention-days) must be at least "
+                                 "an hour (1/24) and at most ten years (3660)")
         if not 0 <= self.drain_seconds <= 86_400:
             raise ParameterError("drain_seconds (--drain-seconds) must be 0 .. 86400")
         if self.bundle_cache_bytes < 0:
@@ -174,6 +186,11 @@ class PartySettings:
                     f"{self.mpc_port_count} ports): give HOST:+N, the peer's job port "
                     "shifted by N"
                 )
+
+    @property
+    def job_retention(self) -> float:
+        """Seconds a job is kept whole after it ended (:attr:`job_retention_days`)."""
+        return self.job_retention_days * 86_400
 
     @property
     def name(self) -> str:

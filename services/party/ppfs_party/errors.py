@@ -65,6 +65,11 @@ class JobConflictError(PartyError):
     """The job id is taken, or the job is not in a state that allows the call."""
 
 
+class ResultPrunedError(JobConflictError):
+    """The job's result was deleted at this party once the job was older than its
+    retention (``--job-retention-days``): it cannot be fetched any more."""
+
+
 class UploadDecisionError(PartyError):
     """A commit of an aborted upload, or an abort of a committed one."""
 

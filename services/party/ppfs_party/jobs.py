@@ -34,10 +34,20 @@ never lost. A cancel for a job this party does not know yet leaves a record in s
 cancelled (a tombstone): a later StartJob with that id is refused. Each job has a
 working directory ``<state>/jobs/<job_id>/`` with the engine's directory (and the
 job's inputs, this party's share components assembled locally, for an engine that
-reads them in another process); the opened masked words are kept in ``opened.u64``
-until fetched. However a job ends, its inputs and the engine's copies of share data
-(ppfs.engines.registry.remove_share_copies) are deleted; the engine's logs and status
-stay.
+reads them in another process); the opened masked words are kept in ``opened.u64``,
+served to every fetch of the result. However a job ends, its inputs and the engine's
+copies of share data (ppfs.engines.registry.remove_share_copies) are deleted; the
+engine's logs and status stay.
+
+Retention: ``job_retention_days`` (``--job-retention-days``, default 30) after a job
+ended (succeeded, failed or cancelled), it is pruned (:meth:`JobRunner.prune`, when the
+daemon starts and every hour): its directory, with ``opened.u64`` and the engine's
+logs, is deleted, and its record reduced to a tombstone of its id, description hash,
+final state, end, mask upload and the limited consents it spent, so that its StartJob
+is still refused, its mask upload serves no other job and those consents stay spent.
+Its result can be fetched until then; a fetch after says it was pruned. A job not yet
+ended is never pruned; nor is a tombstone of a job cancelled before it started (it
+holds nothing but its id).
 
 Peers are dialled at the addresses the job lists for them, unless the daemon was
 told otherwise (``--mpc-dial``, :class:`ppfs_party.config.MpcDial`: a relay or a NAT
@@ -67,6 +77,7 @@ import os
 import re
 import shutil
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,6 +117,7 @@ from ppfs_party.errors import (
     JobConflictError,
     NotFoundError,
     PartyStoppingError,
+    ResultPrunedError,
     TombstonesFullError,
     is_write_failure,
     storage_error,
@@ -159,6 +171,13 @@ class JobRecord:
     spent_consents: list[str] = field(default_factory=list)
     created_at: str = ""
     updated_at: str = ""
+    # when it became final (the party's clock); "" in a record from before it was kept:
+    # then its updated_at, the last change of a final record
+    ended_at: str = ""
+    # pruned (JobRunner.prune): its directory deleted and its record reduced to what
+    # refuses it again (its id, description hash, mask upload and consents spent)
+    pruned_at: str = ""
+    pruned_after_days: float = 0.0
 
     @property
     def final(self) -> bool:
@@ -167,7 +186,33 @@ class JobRecord:
     @property
     def tombstone(self) -> bool:
         """Cancelled before its StartJob arrived: the id may not be started any more."""
-        return not self.description_hex
+        return not self.description_hex and not self.pruned_at
+
+    @property
+    def pruned(self) -> bool:
+        return bool(self.pruned_at)
+
+    def ended(self) -> float:
+        """When a final job ended, Unix seconds."""
+        text = self.ended_at or self.updated_at or self.created_at
+        return dt.datetime.fromisoformat(text).timestamp()
+
+    def pruned_record(self, at: float, days: float) -> JobRecord:
+        """What is kept of this final job once pruned at ``at``: what refuses it again
+        (its id, description hash and final state), keeps its mask upload from serving
+        another job (two openings under one mask reveal the difference of two results)
+        and counts the limited consents it spent; and its public outcome, for GetJob.
+        Not its description, its verified columns or anything of its result."""
+        return JobRecord(
+            job_id=self.job_id, description_hex="",
+            description_sha256=self.description_sha256, engine=self.engine,
+            security=self.security, state=self.state, phase=self.phase,
+            progress=self.progress, error=self.error, program_sha256=self.program_sha256,
+            seconds=self.seconds, bytes_sent=self.bytes_sent,
+            mask_upload_id=self.mask_upload_id, failure=self.failure, mpc_port=self.mpc_port,
+            spent_consents=list(self.spent_consents), created_at=self.created_at,
+            ended_at=_iso(self.ended()), pruned_at=_iso(at), pruned_after_days=days,
+        )
 
     def description(self) -> party_pb2.JobDescription:
         return party_pb2.JobDescription.FromString(bytes.fromhex(self.description_hex))
@@ -186,6 +231,10 @@ async def finish_despite_cancel(step: Coroutine[Any, Any, None]) -> None:
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def _iso(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds")
 
 
 def _own_rows(job: JobContract, found: list[list[StoredUpload]]) -> dict[tuple[str, str], int]:
@@ -225,9 +274,12 @@ def parse_address(text: str) -> tuple[str, int]:
 class JobRunner:
     def __init__(
         self, settings: PartySettings, keys: PartyKeys, store: ShareStore, audit: AuditLog,
-        engines: dict[str, Engine],
+        engines: dict[str, Engine], clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        # wall time: when a job ended, and whether it is past its retention (a job's age
+        # outlives a restart); tests set it
+        self.clock = clock
         self.keys = keys
         self.store = store
         self.audit = audit
@@ -262,6 +314,8 @@ class JobRunner:
         self.jobs_dir.chmod(0o700)  # however it was there: it holds the jobs' shares
         for f in self.jobs_dir.glob(".*.tmp"):
             f.unlink(missing_ok=True)
+        for d in self.jobs_dir.glob(".pruned-*"):  # a prune cut short: its record is kept
+            shutil.rmtree(d, ignore_errors=True)
         for path in sorted(self.jobs_dir.glob("*.json")):
             try:
                 rec = JobRecord(**json.loads(path.read_text()))
@@ -279,14 +333,19 @@ class JobRunner:
                 rec.failure = FailureKind.RESTARTED.value
                 self._save(rec)
                 self.audit.record("job.failed", job_id=rec.job_id, reason=rec.error)
-            # every job, not only the unfinished: one may have ended under a version
-            # that left the engine's copies behind
-            self._remove_share_copies(rec.job_id)
+            if rec.pruned:  # its record pruned, its directory perhaps not yet: now
+                self._discard_dir(rec.job_id)
+            else:
+                # every job, not only the unfinished: one may have ended under a version
+                # that left the engine's copies behind
+                self._remove_share_copies(rec.job_id)
             self._records[rec.job_id] = rec
             self._consent_uses.update(rec.spent_consents)
 
     def _save(self, rec: JobRecord) -> None:
         rec.updated_at = _now()
+        if rec.final and not rec.ended_at:
+            rec.ended_at = _iso(self.clock())
         write_durable(self.jobs_dir / f"{rec.job_id}.json",
                       json.dumps(asdict(rec), indent=1, sort_keys=True).encode())
 
@@ -402,6 +461,10 @@ class JobRunner:
             if known.tombstone:
                 raise JobConflictError(f"job {job_id!r} was cancelled before it reached "
                                        f"{self.settings.name}")
+            if known.pruned:
+                raise JobConflictError(
+                    f"job {job_id!r} ran on {self.settings.name} already ({known.state}; "
+                    f"pruned after {known.pruned_after_days:g} days)")
             raise JobConflictError(f"job {job_id!r} exists already on this party")
         self._check_size(desc)
         job = JobContract.from_proto(desc)  # ParameterError when incomplete or inconsistent
@@ -676,8 +739,7 @@ class JobRunner:
         async with self._start_lock:  # a start in progress completes first
             rec = self._records.get(job_id)
             if rec is None:
-                if sum(not r.description_hex for r in self._records.values()) \
-                        >= MAX_TOMBSTONES:
+                if sum(r.tombstone for r in self._records.values()) >= MAX_TOMBSTONES:
                     raise TombstonesFullError(
                         f"this party keeps at most {MAX_TOMBSTONES} jobs cancelled before "
                         "they started; a cancel of a job it never received is refused")
@@ -777,6 +839,66 @@ class JobRunner:
         for job_id in list(self._tasks):
             await self.cancel(job_id, reason="party stopped")
 
+    # -------------------------------------------------------------- retention
+    def _pruned_message(self, rec: JobRecord) -> str:
+        return (f"the result of job {rec.job_id!r} was pruned after "
+                f"{rec.pruned_after_days:g} days at {self.settings.name} (on "
+                f"{rec.pruned_at[:10]}; its jobs' files are kept that long after they "
+                "end): run the job again")
+
+    async def prune(self) -> list[str]:
+        """Prune every job that ended more than ``job_retention_days`` ago: its directory
+        (the engine's logs and status, the opened masked words of its result) is
+        deleted and its record reduced to :meth:`JobRecord.pruned_record`, written
+        first, so that whatever the crash point the job stays refused (a directory
+        left is deleted on the next start). A job not yet final, or still ending, is
+        never pruned, nor a tombstone of a job cancelled before it started (it holds
+        nothing). Audited (``job.pruned``); the ids pruned."""
+        days = self.settings.job_retention_days
+        now = self.clock()
+        horizon = now - self.settings.job_retention
+        pruned = []
+        for rec in list(self._records.values()):
+            if not rec.final or rec.tombstone or rec.pruned or rec.job_id in self._tasks:
+                continue
+            try:
+                if rec.ended() > horizon:
+                    continue
+            except ValueError:  # a record edited by hand: kept, never taken as old
+                log.warning("[Party.jobs] job=%s: its record names no time it ended; "
+                            "not pruned", rec.job_id)
+                continue
+            kept = rec.pruned_record(now, days)
+            try:
+                await asyncio.to_thread(self._save, kept)
+            except OSError as exc:  # kept whole: the next round tries again
+                log.error("[Party.jobs] job=%s not pruned: %s", rec.job_id,
+                          storage_error(exc))
+                continue
+            # no result is served from here on (result_part runs on this loop)
+            self._records[rec.job_id] = kept
+            await asyncio.to_thread(self._discard_dir, rec.job_id)
+            self.audit.record("job.pruned", job_id=rec.job_id, state=rec.state,
+                              ended_at=kept.ended_at, retention_days=days,
+                              description_sha256=rec.description_sha256)
+            log.info("[Party.jobs] job=%s pruned (%s, ended %s)", rec.job_id, rec.state,
+                     kept.ended_at)
+            pruned.append(rec.job_id)
+        return pruned
+
+    def _discard_dir(self, job_id: str) -> None:
+        """Delete the job's directory: renamed to a dot-name first (cleared on start), so
+        a deletion cut short never leaves part of it under the job's id."""
+        job_dir = self.jobs_dir / job_id
+        doomed = self.jobs_dir / f".pruned-{uuid.uuid4().hex}"
+        try:
+            job_dir.rename(doomed)
+        except FileNotFoundError:
+            return
+        except OSError:
+            doomed = job_dir
+        shutil.rmtree(doomed, ignore_errors=True)
+
     # -------------------------------------------------------------- results
     def result_part(self, job_id: str) -> tuple[bytes, bytes, bytes, bytes]:
         """(sealed opened words, Ed25519 signature over job_id || sealed, this party's
@@ -784,9 +906,16 @@ class JobRunner:
         rec = self.get(job_id)
         if rec.state != SUCCEEDED:
             raise JobConflictError(f"job {job_id!r} has no result ({rec.state})")
+        if rec.pruned:
+            raise ResultPrunedError(self._pruned_message(rec))
         if not rec.verified:
             raise JobConflictError(f"job {job_id!r} predates signed result statements")
-        words = (self.jobs_dir / job_id / "opened.u64").read_bytes()
+        try:
+            words = (self.jobs_dir / job_id / "opened.u64").read_bytes()
+        except FileNotFoundError:  # deleted by hand, or a restore without it
+            raise NotFoundError(f"the result of job {job_id!r} is missing at "
+                                f"{self.settings.name} (its file is gone): run the job "
+                                "again") from None
         # accepted when it was recorded, perhaps under the contract before an upgrade
         job = JobContract.from_proto(rec.description(), versions=STORED_CONTRACT_VERSIONS)
         recipient = job.recipient_public_key

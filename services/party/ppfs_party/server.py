@@ -8,7 +8,9 @@ tests: the bound port comes back) and marks the services SERVING; :meth:`PartySe
 marks them NOT_SERVING, stops every unfinished job (killing its engine process)
 and gives in-flight calls ``grace`` seconds. Staged upload parts past their expiry are
 aborted before the server binds and every few minutes while it runs
-(:func:`expire_staged_parts`). A party whose certificates or key statement have ended
+(:func:`expire_staged_parts`); the jobs that ended more than ``--job-retention-days``
+ago are pruned (ppfs_party.jobs.JobRunner.prune) likewise, then every hour
+(:func:`prune_jobs`). A party whose certificates or key statement have ended
 does not start; renewed ones are picked up while it runs (ppfs_party.lifetimes).
 :func:`serve` runs until SIGTERM/SIGINT, holding the state directory's lock
 (ppfs.state_lock) from before it opens the state: a second daemon on the same state
@@ -42,6 +44,8 @@ MAX_MESSAGE = 8 * 1024 * 1024
 # how often a running daemon looks for staged parts past their expiry (at most; a
 # quarter of the expiry when that is shorter): a part outlives its expiry by this much
 STAGED_CHECK_SECONDS = 300.0
+# how often a running daemon prunes the jobs past their retention
+JOB_PRUNE_SECONDS = 3600.0
 
 SERVER_OPTIONS = [
     # Server-initiated pings every 60 s keep an idle stream (a long WatchJob, an upload
@@ -122,6 +126,18 @@ async def expire_staged_parts(state: PartyState) -> None:
             log.exception("[Party.server] the check of staged parts' expiry failed")
 
 
+async def prune_jobs(state: PartyState) -> None:
+    """Prune the jobs past their retention, every hour (sooner with a retention of a
+    few hours), until cancelled."""
+    interval = min(JOB_PRUNE_SECONDS, state.settings.job_retention / 4)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await state.jobs.prune()
+        except Exception:  # never let the check die; the next round tries again
+            log.exception("[Party.server] the pruning of ended jobs failed")
+
+
 async def start_party_server(
     settings: PartySettings, state: PartyState | None = None
 ) -> PartyServer:
@@ -130,6 +146,8 @@ async def start_party_server(
         state = await asyncio.to_thread(open_state, settings)
     # those that aged while the daemon was down, before it answers a commit of them
     await state.store.expire_staged()
+    # and the jobs that ended more than --job-retention-days ago, however long it was down
+    await state.jobs.prune()
     # refused here, before the port opens, once anything it presents has ended; its
     # renewal is picked up while it runs
     refuse_expired(state)
@@ -153,6 +171,7 @@ async def start_party_server(
         metrics = serve_metrics(settings.metrics_listen, state.metrics.registry)
         log.info("[Party.server] %s metrics on port %d", settings.name, metrics.port)
     tasks = [asyncio.create_task(expire_staged_parts(state), name="staged-expiry"),
+             asyncio.create_task(prune_jobs(state), name="job-retention"),
              asyncio.create_task(watch_lifetimes(state), name="certificate-lifetimes")]
     return PartyServer(server, port, state, health_servicer, metrics, tasks)
 
