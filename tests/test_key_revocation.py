@@ -7,9 +7,11 @@ serving a stale one, one of another CA or a tampered one gets every party whose
 statement asks for it refused, naming the party, before anything is sealed; a list that
 names a party's statement gets that party refused by an owner's upload and by a
 recipient's result fetch. An old list replayed from before the revocation is refused
-once stale; while still fresh it is taken: the window is the list's freshness
-(``--fresh-days``, 7 days by default). A statement without the flag is trusted as
-before, and the CA's commands round-trip: sign (recorded), revoke, re-issue, list.
+once stale; while still fresh it is taken by a client that never saw the newer list:
+the window is the list's freshness (``--fresh-days``, 7 days by default). A client that
+saw it refuses the old one as a replay (tests/test_revocation_replay.py). A statement
+without the flag is trusted as before, and the CA's commands round-trip: sign
+(recorded), revoke, re-issue, list.
 """
 
 from __future__ import annotations
@@ -215,9 +217,9 @@ def test_a_revoked_party_is_refused_by_upload_and_result_fetch(
 def test_a_list_from_before_the_revocation_is_taken_only_while_fresh(
     revocable: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The gateway replays the list it served before Bob was revoked: still fresh, it is
-    taken (the window a revocation leaves is the list's freshness); once past its
-    next_update it is refused as stale."""
+    """The gateway replays the list it served before Bob was revoked to a client that
+    never saw the newer list: still fresh, it is taken (the window a revocation leaves
+    is the list's freshness); once past its next_update it is refused as stale."""
     s = revocable
     before = (s.root / "gateway-revocations.json").read_bytes()
     d = json.loads(before)

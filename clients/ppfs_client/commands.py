@@ -52,6 +52,7 @@ from ppfs_client.progress import (
     signature,
 )
 from ppfs_client.sdk import ApiError, GatewayClient, OwnerTable, RefusedAnswer
+from ppfs_client.seen_lists import list_sha256, remembered
 from ppfs_client.sent import load_sent
 from ppfs_client.terminal import inline, printable
 
@@ -394,7 +395,7 @@ def _upload(args: argparse.Namespace) -> int:
                         f"{args.data}: columns differ from data set {schema_src}'s schema"
                     )
                 exponents = schema["column_exponents"]
-        dep = client.deployment()
+        dep = client.deployment(keys)
         try:  # a value the encoding cannot hold is refused before anything is created
             fp = dep.fixed_point
             exps = exponents if exponents is not None else fp.choose_exponents(
@@ -922,9 +923,13 @@ def _keys_show(args: argparse.Namespace) -> int:
 
 @_guard
 def _deployment(args: argparse.Namespace) -> int:
+    # with a key file (--key, PPFS_KEY), the list relayed is checked against the newest
+    # this key file accepted, and remembered if newer
+    path = args.key or (Path(os.environ["PPFS_KEY"]) if os.environ.get("PPFS_KEY") else None)
+    keys = ClientKeys.load(path) if path is not None else None
     with _client(args) as client:
         # one answer, every party's keys in it checked against the trust anchor
-        dep, raw = client.deployment_answer()
+        dep, raw = client.deployment_answer(keys)
         # and what each party does now (stopping, not answering): shown, never trusted
         notes = [] if args.json else client.party_notes(len(dep.parties))
     lines = [
@@ -957,5 +962,13 @@ def _deployment(args: argparse.Namespace) -> int:
                   f"{rl.stale_after:%Y-%m-%d %H:%M} UTC: parties whose key statements ask "
                   "for it are refused once it is stale; ask the deployment's operator to "
                   "re-issue it (`ppfs pki revocations`)", file=sys.stderr)
+    # the newest list this key file accepted (one older than it was refused above)
+    seen = (remembered(keys, client.trust.sha256)
+            if keys is not None and client.trust is not None else None)
+    if seen is not None and rl is not None and seen.list_sha256 == list_sha256(rl):
+        lines[-1] += "; the newest this key file accepted"
+    elif seen is not None:
+        lines.append(f"newest revocation list this key file accepted: issued "
+                     f"{seen.issued_at} (one issued before it is refused as a replay)")
     _out(args, raw, "\n".join(lines))
     return 0

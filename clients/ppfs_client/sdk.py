@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -78,6 +79,7 @@ from ppfs.withdrawal import (
     open_revocation_receipt,
 )
 from ppfs_client.keys import ClientKeys
+from ppfs_client.seen_lists import ReplayedRevocationList, check_and_remember
 from ppfs_client.sent import (
     EarlierUpload,
     earlier_uploads,
@@ -341,16 +343,24 @@ class Deployment:
                 f"the gateway describes the sharing scheme {d['scheme']!r} for "
                 f"{len(parties)} certified parties (that is {scheme.value!r})"
             )
-        shown = None
-        if revocations[0]:  # shown when it is the CA's; required where a statement asks
-            try:
-                shown = open_revocations(trust.ca_certificate(relayed_ca), trust.sha256,
-                                         *revocations)
-            except UntrustedPartyKey:
-                shown = None
         return cls(parties=tuple(parties), scheme=scheme,
                    securities=tuple(str(x) for x in d["securities"]), fixed_point=own,
-                   revocations=shown)
+                   revocations=relayed_list(d, trust))
+
+
+def relayed_list(d: dict[str, Any], trust: TrustAnchor) -> RevocationList | None:
+    """The revocation list in the gateway's description of the deployment if the
+    deployment CA signed it (whether fresh or not); None otherwise (shown when it is the
+    CA's; required, and checked, where a party's statement asks for it)."""
+    try:
+        relayed_ca = str(d.get("deployment_ca_pem", "")).encode()
+        revocations = (base64.b64decode(str(d.get("revocation_list", ""))),
+                       base64.b64decode(str(d.get("revocation_list_signature", ""))))
+        if not revocations[0]:
+            return None
+        return open_revocations(trust.ca_certificate(relayed_ca), trust.sha256, *revocations)
+    except (UntrustedPartyKey, ValueError, TypeError, AttributeError, binascii.Error):
+        return None
 
 
 @dataclass(frozen=True)
@@ -511,17 +521,51 @@ class GatewayClient:
 
     # -- plain calls -----------------------------------------------------------------
 
-    def deployment(self) -> Deployment:
+    def deployment(self, keys: ClientKeys | None = None) -> Deployment:
         """The parties with keys verified against the trust anchor (NoTrustAnchor without
-        one, UntrustedPartyKey naming a party whose keys do not verify)."""
-        return self.deployment_answer()[0]
+        one, UntrustedPartyKey naming a party whose keys do not verify). With ``keys``
+        (a key file on disk), the CA's revocation list the gateway relayed is checked
+        against the newest this key file accepted, and remembered if newer
+        (:meth:`check_revocation_list`)."""
+        return self.deployment_answer(keys)[0]
 
-    def deployment_answer(self) -> tuple[Deployment, dict[str, Any]]:
+    def deployment_answer(
+        self, keys: ClientKeys | None = None
+    ) -> tuple[Deployment, dict[str, Any]]:
         """:meth:`deployment` and the one answer it was verified from."""
         if self.trust is None:
             raise NoTrustAnchor()
         raw = _as_object(self._call("GET", "/v1/deployment"), "GET /v1/deployment")
-        return Deployment.from_json(raw, self.trust), raw
+        try:
+            dep = Deployment.from_json(raw, self.trust)
+        except (UntrustedPartyKey, RefusedAnswer):
+            # refused (a party's keys revoked by this very list, say): a newer list of the
+            # CA is remembered all the same, so that an older one replayed later, which
+            # does not name those keys, is refused too
+            rl = relayed_list(raw, self.trust) if keys is not None else None
+            if keys is not None and rl is not None:
+                with contextlib.suppress(ReplayedRevocationList, ParameterError, OSError):
+                    check_and_remember(keys, rl.ca, rl)
+            raise
+        if keys is not None:
+            self.check_revocation_list(keys, dep)
+        return dep, raw
+
+    def check_revocation_list(self, keys: ClientKeys, dep: Deployment) -> Deployment:
+        """``dep``, unless the revocation list it came with is older than the newest this
+        key file accepted from the same CA, or another list of the same issue time:
+        ReplayedRevocationList (before anything is sealed or opened). A newer list is
+        remembered (ppfs_client.seen_lists); without a key file on disk nothing is."""
+        if dep.revocations is not None:
+            check_and_remember(keys, dep.revocations.ca, dep.revocations)
+        return dep
+
+    def _deployment_for(self, keys: ClientKeys, deployment: Deployment | None) -> Deployment:
+        """``deployment`` (one the caller fetched), checked against this key file's
+        newest revocation list; or, none given, the deployment fetched and checked."""
+        if deployment is None:
+            return self.deployment(keys)
+        return self.check_revocation_list(keys, deployment)
 
     def party_notes(self, count: int) -> list[str]:
         """What each of ``count`` parties does now that a user should know, as the
@@ -691,7 +735,7 @@ class GatewayClient:
         data set (:meth:`refuse_repeated_upload`; ``again=True``: send them once more all
         the same). ``source``: where the table was read from, for that message."""
         digest = table_digest(keys, table)  # kept on this machine only, never sent
-        dep = deployment or self.deployment()
+        dep = self._deployment_for(keys, deployment)
         replaces = () if again else self.refuse_repeated_upload(
             keys, dataset_id, digest, source=source, deployment=dep if confirm else None)
         body = build_upload(keys, table, dataset_id, dep, exponents=exponents,
@@ -834,7 +878,7 @@ class GatewayClient:
         own words: a fresh random challenge goes to every party through the gateway, and
         each party's statement is checked against its certified key and the challenge
         (the gateway can neither forge one nor replay an old one)."""
-        dep = deployment or self.deployment()
+        dep = self._deployment_for(keys, deployment)
         challenge = new_challenge()
         got = _as_object(self._call(
             "POST", f"/v1/datasets/{dataset_id}/holdings",
@@ -853,7 +897,7 @@ class GatewayClient:
         certified key (the gateway cannot forge one): a party is confirmed only by its
         own signed receipt stating it holds none of those uploads. Asking again is safe
         (a party that confirmed deletes nothing more)."""
-        dep = deployment or self.deployment()
+        dep = self._deployment_for(keys, deployment)
         signed = Withdrawal.now(keys.subject, dataset_id).sign(keys.signing)
         got = self._relay(f"/v1/datasets/{dataset_id}/withdraw", signed, "a withdrawal")
         confirmed, unconfirmed = _receipts(dep, got, lambda party, receipt, sig: open_receipt(
@@ -867,7 +911,7 @@ class GatewayClient:
         by the gateway, kept by each party, which checks the signature itself and from
         then on runs no job on them. Each party is confirmed only by its own signed
         receipt, as for :meth:`withdraw`. Asking again is safe."""
-        dep = deployment or self.deployment()
+        dep = self._deployment_for(keys, deployment)
         signed = Revocation.now(keys.subject, dataset_id, recipient).sign(keys.signing)
         got = self._relay(f"/v1/datasets/{dataset_id}/consents/revoke", signed,
                           "a revocation")
@@ -895,7 +939,7 @@ class GatewayClient:
     ) -> str:
         """Draw ``count`` mask words, keep them next to the key file, upload them shared.
         Returns the mask upload id a job names."""
-        dep = deployment or self.deployment()
+        dep = self._deployment_for(keys, deployment)
         words = draw_mask_words(count)
         holder = self.create_dataset(f"masks-{count}", kind="mask")
         mask_table = OwnerTable(MASK_COLUMNS, words.astype(np.float64))
@@ -932,7 +976,7 @@ class GatewayClient:
 
         ``scorer``: ms-gini, pearson or chi2 (:class:`ppfs.scoring.Scorer`)."""
         # the parties' keys are checked before anything is signed, sealed or uploaded
-        dep = self.deployment() if mask_upload_id is None else None
+        dep = self.deployment(keys) if mask_upload_id is None else None
         body: dict[str, Any] = {
             "dataset_ids": list(dataset_ids),
             "combination": combination,
@@ -1008,7 +1052,7 @@ class GatewayClient:
     def fetch_result(
         self, keys: ClientKeys, job_id: str, deployment: Deployment | None = None
     ) -> ResultSelection:
-        dep = deployment or self.deployment()
+        dep = self._deployment_for(keys, deployment)
         job = self.get_job(job_id)
         if job.get("id") != job_id:
             raise ResultRejected(

@@ -12,6 +12,11 @@ for it (:func:`ppfs.keycert.verify_party_keys`).
 
 A revoked party's keys are never certified again (:func:`refuse_revoked_keys`): the
 party makes new keys and the operator signs those.
+
+Every list is issued strictly after the one before it (:func:`issue`, a second later
+if the clock says otherwise): a client remembers the newest list it accepted and
+refuses one issued before it, or another issued at the same time, as a replay
+(``ppfs_client.seen_lists``).
 """
 
 from __future__ import annotations
@@ -97,9 +102,16 @@ def current_list(ca_dir: Path, ca: CertificateAuthority) -> RevocationList | Non
 
 def issue(ca_dir: Path, ca: CertificateAuthority, revoked: set[str], *,
           freshness: dt.timedelta = REVOCATION_FRESHNESS,
-          now: dt.datetime | None = None) -> RevocationList:
-    """Sign the list naming ``revoked`` and put it in ``ca_dir``."""
-    signed = issue_revocations(ca.key, ca.cert, revoked, freshness=freshness, now=now)
+          now: dt.datetime | None = None,
+          previous: RevocationList | None = None) -> RevocationList:
+    """Sign the list naming ``revoked`` and put it in ``ca_dir``: issued at ``now``, or
+    a second after ``previous`` (the list in force) if that is not before ``now`` (two
+    lists in one second, a clock set back). Clients refuse a list issued at or before
+    one they accepted as a replay, so no two lists share an issue time."""
+    start = now or dt.datetime.now(dt.UTC)
+    if previous is not None and previous.issued >= start.replace(microsecond=0):
+        start = previous.issued + dt.timedelta(seconds=1)
+    signed = issue_revocations(ca.key, ca.cert, revoked, freshness=freshness, now=start)
     replace_public_file(ca_dir / REVOCATIONS_FILE, revocations_file_bytes(signed))
     return RevocationList.from_bytes(signed[0])
 
@@ -109,7 +121,8 @@ def reissue(ca_dir: Path, ca: CertificateAuthority, *,
             now: dt.datetime | None = None) -> RevocationList:
     """The same revocations signed again, fresh from ``now`` (the first list: empty)."""
     rl = current_list(ca_dir, ca)
-    return issue(ca_dir, ca, set(rl.revoked) if rl else set(), freshness=freshness, now=now)
+    return issue(ca_dir, ca, set(rl.revoked) if rl else set(), freshness=freshness, now=now,
+                 previous=rl)
 
 
 def revoke(ca_dir: Path, ca: CertificateAuthority, *, party: int | None = None,
@@ -138,7 +151,7 @@ def revoke(ca_dir: Path, ca: CertificateAuthority, *, party: int | None = None,
     before = set(rl.revoked) if rl else set()
     new = [r for r in chosen if r.sha256 not in before]
     return new, issue(ca_dir, ca, before | {r.sha256 for r in chosen},
-                      freshness=freshness, now=now)
+                      freshness=freshness, now=now, previous=rl)
 
 
 def refuse_revoked_keys(ca_dir: Path, ca: CertificateAuthority, statement: bytes) -> None:
