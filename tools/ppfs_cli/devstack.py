@@ -4,7 +4,9 @@ directory (./.ppfs by default; reused when it exists).
 
 Layout of the state directory (private files mode 0600)::
 
-    ca/                 development CA (ca.key stays here)
+    ca/                 development CA (ca.key stays here); statements/ (every party key
+                        statement it signed) and revocations.json (its revocation list,
+                        which the gateway serves): `ppfs pki revoke --ca-dir STATE/ca`
     parties/p<i>-<name>/  each party's own state: keys, certificates, uploads, audit log
     gateway/            gateway.json, tls/ (client key and certificate), state/ (registry)
     keys/<subject>.key  the principals' key files (signing and result keys)
@@ -29,6 +31,11 @@ caller (a benchmark) may choose each party's first MPC port and give each party 
 ``ppfs party serve`` arguments (:class:`Stack`'s ``mpc_port_bases`` and
 ``party_args``), e.g. ``--mpc-dial`` to put relays between the parties.
 
+The parties' key statements ask clients for the CA's revocation list (``ppfs pki sign
+--revocable``; states made before keep theirs as they were signed): ``ppfs up`` issues
+the list afresh at every start and again, while it runs, a day after the last issue (it
+is fresh for 7 days), so that clients never find it stale.
+
 Every daemon runs through the parent-death launcher (ppfs.engines.pdeathsig): when
 ``ppfs up`` dies, even by SIGKILL, its daemons die with it. SIGINT and SIGTERM are
 handled from the start: while starting, they stop what was started.
@@ -39,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import os
 import secrets
@@ -49,6 +57,7 @@ import sys
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +86,11 @@ MPC_PORTS = 4
 DEFAULT_CONCURRENT = 2  # jobs side by side (each holds one MPC port of every party)
 RESTART_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0)
 STABLE_SECONDS = 60.0  # a party up this long has its restart count reset
+# the revocation list `ppfs up` serves is issued again once this little of its freshness
+# (7 days) is left, checked at least this often (seconds)
+REFRESH_WITHIN = dt.timedelta(days=6)
+REFRESH_CHECK = 3600.0
+REVOCATIONS_FILE = "revocations.json"  # in the state directory's ca/ (ppfs.revocation)
 
 
 class StartInterrupted(PpfsError):
@@ -144,13 +158,20 @@ def check_party_count(root: Path, parties: int) -> None:
 
 
 def prepare(root: Path, parties: int, *, party_keys: bool = True,
-            gateway_identity: bool = True) -> StackLayout:
+            gateway_identity: bool = True, revocable: bool = False) -> StackLayout:
     """Make (or reuse) the CA, party states, gateway client identity, keys and tokens.
 
     ``party_keys=False``: each party's state holds only its registered owners, no key and
     no key statement (the parties make their keys where they run); ``gateway_identity=
     False``: the gateway's ``tls/`` holds only the CA certificate (it makes its key where
-    it runs). Nothing is then certified that would be thrown away."""
+    it runs). Nothing is then certified that would be thrown away.
+
+    ``revocable`` (``ppfs up``, ``ppfs demo``): the key statements of new party states ask
+    clients for the CA's revocation list (``ppfs pki sign --revocable``), recorded in
+    ``ca/statements`` (``ppfs pki revoke --ca-dir STATE/ca`` revokes them), and the list
+    is issued afresh into ``ca/revocations.json``, which the gateway serves
+    (:meth:`Stack.start`; :meth:`Stack.refresh_revocations` keeps it fresh while the stack
+    runs). A state made before keeps its statements as they are (signed without it)."""
     from cryptography import x509
     from ppfs_client.keys import ClientKeys
     from ppfs_party.config import PartySettings
@@ -166,6 +187,7 @@ def prepare(root: Path, parties: int, *, party_keys: bool = True,
         load_ca,
         save_ca,
     )
+    from ppfs.revocation import reissue
 
     check_party_count(root, parties)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -181,8 +203,16 @@ def prepare(root: Path, parties: int, *, party_keys: bool = True,
         elif not (state / "certs" / "party-keys.json").exists():
             # (a state made before party keys were certified gets its key statement now)
             open_state(PartySettings(state_dir=state, index=i))
-            sign_party_requests(ca, state, i)
+            sign_party_requests(ca, state, i, revocable=revocable,
+                                record=partial(_record_statement, ca_dir, ca)
+                                if revocable else None)
         layout.party_dirs.append(state)
+    if revocable:
+        try:
+            reissue(ca_dir, ca)  # fresh from now; the gateway reads it again once changed
+        except ValueError as exc:  # the list there is not this CA's
+            raise ParameterError(f"{exc}: restore it, or remove it to issue a new one "
+                                 "(revoking again what it revoked)") from None
     tls = root / "gateway" / "tls"
     # (a client certificate made before the parties checked for the gateway's usage is
     # replaced: the parties would refuse it)
@@ -207,6 +237,14 @@ def prepare(root: Path, parties: int, *, party_keys: bool = True,
         _write_private(layout.tokens_file, json.dumps(entries, indent=1))
     layout.tokens = _read_tokens(layout.tokens_file)
     return layout
+
+
+def _record_statement(ca_dir: Path, ca: Any, statement: bytes) -> None:
+    """The CA's record of a key statement it signs (as ``ppfs pki sign`` keeps it)."""
+    from ppfs.revocation import record_statement, refuse_revoked_keys
+
+    refuse_revoked_keys(ca_dir, ca, statement)
+    record_statement(ca_dir, statement)
 
 
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
@@ -403,6 +441,8 @@ class Stack:
             "metrics_listen": f"127.0.0.1:{metrics_ports[-1]}",
             "max_concurrent_jobs": int(concurrent),
         }
+        if (lay.root / "ca" / REVOCATIONS_FILE).is_file():  # issued by prepare(revocable)
+            config["revocation_list"] = str((lay.root / "ca" / REVOCATIONS_FILE).resolve())
         self.metrics["gateway"] = f"http://127.0.0.1:{metrics_ports[-1]}/metrics"
         (gw_dir / "gateway.json").write_text(json.dumps(config, indent=1))
         pf = run / "gateway.port"
@@ -432,6 +472,34 @@ class Stack:
                 f"export PPFS_DEPLOYMENT_CA={(lay.root / 'ca' / 'ca.pem').resolve()}\n",
             )
 
+    def refresh_revocations(self, now: dt.datetime | None = None) -> bool:
+        """Issue the CA's revocation list again (the same revocations, fresh from now)
+        once less than :data:`REFRESH_WITHIN` of its freshness is left, in the file the
+        gateway serves (read again as it changes); whether it did. Clients refuse every
+        party whose statement asks for the list once it is stale: a stack left running
+        for weeks keeps serving one that is fresh."""
+        from ppfs.pki import load_ca
+        from ppfs.revocation import current_list, reissue
+
+        ca_dir = self.layout.root / "ca"
+        if not (ca_dir / REVOCATIONS_FILE).is_file():
+            return False
+        ca = load_ca(ca_dir)
+        rl = current_list(ca_dir, ca)
+        t = now or dt.datetime.now(dt.UTC)
+        if rl is not None and rl.stale_after - t > REFRESH_WITHIN:
+            return False
+        reissue(ca_dir, ca, now=t)
+        return True
+
+    async def _refresh_reporting(self) -> None:
+        try:
+            await asyncio.to_thread(self.refresh_revocations)
+        except (OSError, ValueError) as exc:
+            print(f"ppfs: warning: the revocation list was not issued again ({exc}); "
+                  "clients refuse the parties once it is stale: `ppfs pki revocations "
+                  f"--ca-dir {self.layout.root / 'ca'}`", file=sys.stderr, flush=True)
+
     async def restart_party(self, party: PartyProcess) -> None:
         """Start a party again on its ports (its job records say which job it lost)."""
         party.port_file.unlink(missing_ok=True)
@@ -450,7 +518,9 @@ class Stack:
                        if p.name not in given_up}
             others = [asyncio.create_task(stop.wait()), asyncio.create_task(retry.wait()),
                       asyncio.create_task(gateway.wait())]
-            await asyncio.wait([*waiters, *others], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([*waiters, *others], return_when=asyncio.FIRST_COMPLETED,
+                               timeout=REFRESH_CHECK)
+            await self._refresh_reporting()  # (woken at least every REFRESH_CHECK)
             for t in (*waiters, *others):
                 t.cancel()
             if stop.is_set():
@@ -522,7 +592,7 @@ class Stack:
 async def prepare_state_dir(root: Path, parties: int) -> StackLayout:
     """:func:`prepare`, naming the state directory when it cannot be used."""
     try:
-        return await asyncio.to_thread(prepare, root, parties)
+        return await asyncio.to_thread(partial(prepare, root, parties, revocable=True))
     except OSError as exc:
         raise ParameterError(f"cannot use --state-dir {root}: {exc}") from None
 
