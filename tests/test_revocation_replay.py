@@ -29,7 +29,7 @@ from ppfs_client.seen_lists import (
     record_path,
     remembered,
 )
-from service_fakes import Stack, horizontal_setup, owner_table, wait_final
+from service_fakes import Stack, horizontal_setup, make_stack, owner_table, wait_final
 from test_key_revocation import (
     _as_served,
     _revoke_bob,
@@ -190,6 +190,38 @@ def test_a_client_that_saw_no_newer_list_still_takes_the_old_one(
         assert f"revocation list issued {_issued(before)}" in out
     finally:
         evil.stop()
+
+
+def test_a_list_is_remembered_where_no_statement_asks_for_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Statements without the flag do not need the list; one the CA signed is still
+    remembered when relayed, shown by `ppfs deployment`, and an older one relayed later
+    is refused as a replay all the same (the gateway that does so is not to be trusted)."""
+    s = make_stack(tmp_path)
+    try:
+        ca = s.cluster.ca
+        now = dt.datetime.now(dt.UTC)
+        newer = issue_revocations(ca.key, ca.cert, set(), now=now)
+        older = issue_revocations(ca.key, ca.cert, set(), now=now - dt.timedelta(hours=1))
+        evil = EvilGateway(s.gateway.url, _serve_list(_as_served(newer)))
+        try:
+            rc, out, err = run(capsys, s, evil.url, "owner-a", "deployment")
+            assert rc == 0, err
+        finally:
+            evil.stop()
+        rc, out, err = run(capsys, s, s.gateway.url, "owner-a", "deployment")  # serves none
+        assert rc == 0, err
+        assert (f"newest revocation list this key file accepted: issued {_issued(newer)} "
+                "(one issued before it is refused as a replay)") in out, out
+        evil = EvilGateway(s.gateway.url, _serve_list(_as_served(older)))
+        try:
+            rc, out, err = run(capsys, s, evil.url, "owner-a", "deployment")
+            assert rc == 1 and REPLAYED in err, (out, err)
+        finally:
+            evil.stop()
+    finally:
+        s.close()
 
 
 @pytest.mark.parametrize("damage", [b"{not json", b"[]", b'{"ca_sha256": "00"}', b""],
