@@ -294,7 +294,77 @@ def test_the_ca_issues_each_list_after_the_one_before(tmp_path: Path) -> None:
     (ca_dir / "statements").mkdir()
     with pytest.raises(ValueError, match="no key statement"):
         revoke(ca_dir, ca, party=1, now=at - dt.timedelta(hours=1))
-    third = reissue(ca_dir, ca, now=at - dt.timedelta(hours=1))  # clock set back
+    # clock set back, within the clocks' tolerance (beyond it: the test after this one)
+    third = reissue(ca_dir, ca, now=at - dt.timedelta(minutes=2))
     assert third.issued == second.issued + dt.timedelta(seconds=1)
     later = reissue(ca_dir, ca, now=at + dt.timedelta(minutes=1))  # the clock again
     assert later.issued == at + dt.timedelta(minutes=1)
+
+
+def test_a_list_issued_in_the_future_poisons_no_client(
+    revocable: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]  # noqa: F811
+) -> None:
+    """The CA's clock runs a year ahead for one `ppfs pki revocations`: the list it signs
+    is the CA's, but dated a year on. A client takes none of it (refused where a
+    statement asks for the list, never remembered), so once the CA's clock is right
+    again its next list is taken; had the client remembered the list from the future,
+    it would refuse every right list as a replay for a year."""
+    s = revocable
+    ca = s.cluster.ca
+    rc, _, err = run(capsys, s, s.gateway.url, "owner-a", "deployment")
+    assert rc == 0, err
+    before = remembered(s.keys["owner-a"], ca_fingerprint(ca.cert))
+    assert before is not None
+    ahead = issue_revocations(ca.key, ca.cert, set(),
+                              now=dt.datetime.now(dt.UTC) + dt.timedelta(days=365))
+    evil = EvilGateway(s.gateway.url, _serve_list(_as_served(ahead)))
+    try:
+        rc, _, err = run(capsys, s, evil.url, "owner-a", "deployment")
+        assert rc == 1, err
+        assert f"was issued at {_issued(ahead)}, after this machine's clock" in err, err
+        rc, _, err = _upload(capsys, s, evil.url, tmp_path)
+        assert rc == 1 and "after this machine's clock" in err, err
+        assert evil.posts() == []
+    finally:
+        evil.stop()
+    assert remembered(s.keys["owner-a"], ca_fingerprint(ca.cert)) == before
+    # re-issued with the clock right: taken, and remembered
+    rc, _, err = pki(capsys, "revocations", "--ca-dir", str(s.root / "ca"), "--out",
+                     str(s.root / "gateway-revocations.json"))
+    assert rc == 0, err
+    rc, _, err = run(capsys, s, s.gateway.url, "owner-a", "deployment")
+    assert rc == 0, err
+    seen = remembered(s.keys["owner-a"], ca_fingerprint(ca.cert))
+    assert seen is not None and seen.issued_at == _issued(_served(s))
+
+
+def test_a_list_from_the_future_is_not_remembered_where_none_is_asked_for(
+        tmp_path: Path) -> None:
+    keys = ClientKeys.generate("owner").save(tmp_path / "owner.key")
+    ca = CertificateAuthority.create("ca")
+    fp, now = ca_fingerprint(ca.cert), dt.datetime.now(dt.UTC)
+
+    def listed(at: dt.datetime) -> RevocationList:
+        return RevocationList.from_bytes(issue_revocations(ca.key, ca.cert, set(), now=at)[0])
+
+    check_and_remember(keys, fp, listed(now + dt.timedelta(days=365)))
+    assert remembered(keys, fp) is None
+    check_and_remember(keys, fp, listed(now))  # a right one: taken
+    seen = remembered(keys, fp)
+    assert seen is not None and seen.issued == now.replace(microsecond=0)
+
+
+def test_the_ca_dates_no_list_after_one_from_a_clock_that_ran_ahead(tmp_path: Path) -> None:
+    """The CA's clock ran a year ahead for one list (no client took it: issued in the
+    future); once it is right, the next list is issued now, not a second after that one
+    (a year ahead again, and refused by every client until then)."""
+    ca_dir, ca = tmp_path / "ca", CertificateAuthority.create("ca")
+    save_ca(ca, ca_dir)
+    at = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    issue(ca_dir, ca, set(), now=at + dt.timedelta(days=365))
+    right = reissue(ca_dir, ca, now=at)
+    assert right.issued == at
+    assert right.stale_problem(at) is None
+    # within the clocks' tolerance, a list is still issued after the one before
+    again = reissue(ca_dir, ca, now=at - dt.timedelta(minutes=2))
+    assert again.issued == at + dt.timedelta(seconds=1)

@@ -129,13 +129,20 @@ def _refusal(rl: RevocationList, seen: Remembered, path: Path) -> ReplayedRevoca
         f"(remembered in {path})")
 
 
-def check_and_remember(keys: ClientKeys, ca_sha256: str, rl: RevocationList) -> None:
+def check_and_remember(keys: ClientKeys, ca_sha256: str, rl: RevocationList,
+                        now: dt.datetime | None = None) -> None:
     """Refuse ``rl`` (ReplayedRevocationList) if it was issued before the newest list
     of this CA the key file accepted, or at the same time with other contents;
     remember it if it is newer. Nothing is kept without a key file on disk.
 
-    ``rl`` is a list the CA signed (checked against the trust anchor by the caller)."""
+    ``rl`` is a list the CA signed (checked against the trust anchor by the caller).
+    One issued after this machine's clock (RevocationList.future_problem: the CA's
+    clock ran ahead) is never remembered: no list the CA issues once its clock is right
+    would be taken after it. Where a statement asks for the list, it is refused
+    (ppfs.keycert.verify_party_keys)."""
     if keys.path is None:
+        return
+    if rl.future_problem(now or dt.datetime.now(dt.UTC)) is not None:
         return
     seen = remembered(keys, ca_sha256)
     path = record_path(keys.path, ca_sha256)

@@ -332,9 +332,24 @@ class RevocationList:
     def stale_after(self) -> dt.datetime:
         return _time(self.next_update, "next update")
 
+    def future_problem(self, now: dt.datetime) -> str | None:
+        """Why the list cannot be taken at ``now`` although the CA signed it: issued more
+        than :data:`CLOCK_SKEW` after ``now`` (the CA's clock ran ahead, or this one is
+        behind), or None. A client that took it would remember an issue time no list
+        reaches until then, and refuse every list the CA issues meanwhile as a replay."""
+        if self.issued > now + CLOCK_SKEW:
+            return (f"the revocation list the gateway relayed was issued at "
+                    f"{self.issued_at}, after this machine's clock ({_utc(now)}): the "
+                    "deployment CA's clock or this one is wrong; the deployment's operator "
+                    "re-issues it with the right time (`ppfs pki revocations`)")
+        return None
+
     def stale_problem(self, now: dt.datetime) -> str | None:
         """Why the list is not fresh at ``now`` (past ``next_update`` by more than
-        :data:`CLOCK_SKEW`), or None."""
+        :data:`CLOCK_SKEW`, or issued in the future: :meth:`future_problem`), or None."""
+        future = self.future_problem(now)
+        if future is not None:
+            return future
         if now > self.stale_after + CLOCK_SKEW:
             return (f"the revocation list the gateway relayed went stale on "
                     f"{self.next_update} (issued {self.issued_at}): the deployment's "

@@ -14,9 +14,11 @@ A revoked party's keys are never certified again (:func:`refuse_revoked_keys`): 
 party makes new keys and the operator signs those.
 
 Every list is issued strictly after the one before it (:func:`issue`, a second later
-if the clock says otherwise): a client remembers the newest list it accepted and
-refuses one issued before it, or another issued at the same time, as a replay
-(``ppfs_client.seen_lists``).
+if the clock says otherwise, within the clocks' tolerance): a client remembers the
+newest list it accepted and refuses one issued before it, or another issued at the same
+time, as a replay (``ppfs_client.seen_lists``); it takes no list issued after its own
+clock, so a CA whose clock ran ahead leaves no client refusing its lists once the clock
+is right.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ppfs.keycert import (
+    CLOCK_SKEW,
     REVOCATION_FRESHNESS,
     KeyStatement,
     RevocationList,
@@ -107,9 +110,13 @@ def issue(ca_dir: Path, ca: CertificateAuthority, revoked: set[str], *,
     """Sign the list naming ``revoked`` and put it in ``ca_dir``: issued at ``now``, or
     a second after ``previous`` (the list in force) if that is not before ``now`` (two
     lists in one second, a clock set back). Clients refuse a list issued at or before
-    one they accepted as a replay, so no two lists share an issue time."""
+    one they accepted as a replay, so no two lists share an issue time. A ``previous``
+    issued more than CLOCK_SKEW after ``now`` is not followed: no client took it (issued
+    in the future, RevocationList.future_problem; the CA's clock ran ahead then), and
+    every list dated after it would be refused as well until then."""
     start = now or dt.datetime.now(dt.UTC)
-    if previous is not None and previous.issued >= start.replace(microsecond=0):
+    if previous is not None and start.replace(microsecond=0) <= previous.issued \
+            <= start + CLOCK_SKEW:
         start = previous.issued + dt.timedelta(seconds=1)
     signed = issue_revocations(ca.key, ca.cert, revoked, freshness=freshness, now=start)
     replace_public_file(ca_dir / REVOCATIONS_FILE, revocations_file_bytes(signed))
