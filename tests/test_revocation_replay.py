@@ -368,3 +368,50 @@ def test_the_ca_dates_no_list_after_one_from_a_clock_that_ran_ahead(tmp_path: Pa
     # within the clocks' tolerance, a list is still issued after the one before
     again = reissue(ca_dir, ca, now=at - dt.timedelta(minutes=2))
     assert again.issued == at + dt.timedelta(seconds=1)
+
+
+def test_a_revocation_made_while_the_list_is_issued_again_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ppfs up` issues the list again (the same revocations, fresh) while the operator
+    revokes Bob (`ppfs pki revoke --ca-dir STATE/ca`): both read the list in force and
+    write the list they sign; the one written last must not drop the revocation."""
+    import threading
+
+    from nacl.public import PrivateKey
+    from nacl.signing import SigningKey
+
+    import ppfs.revocation as revocation
+    from ppfs.keycert import certify_party_keys, statement_sha256
+    from ppfs.revocation import current_list, record_statement
+
+    ca_dir, ca = tmp_path / "ca", CertificateAuthority.create("ca")
+    save_ca(ca, ca_dir)
+    statement, _ = certify_party_keys(
+        ca.key, ca.cert, 1, "Bob", bytes(PrivateKey.generate().public_key),
+        bytes(SigningKey.generate().verify_key), revocation_list=True)
+    record_statement(ca_dir, statement)
+    issue(ca_dir, ca, set())
+    real = revocation.issue_revocations
+    refresh_read, revoked = threading.Event(), threading.Event()
+
+    def signing(*args: object, **kwargs: object) -> tuple[bytes, bytes]:
+        if threading.current_thread().name == "refresh":  # it has read the list in force
+            refresh_read.set()
+            revoked.wait(3.0)  # the revocation meanwhile, unless it waits for this issue
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(revocation, "issue_revocations", signing)
+    refresh = threading.Thread(target=reissue, args=(ca_dir, ca), name="refresh")
+    refresh.start()
+    assert refresh_read.wait(10.0)
+
+    def revoking() -> None:
+        revoke(ca_dir, ca, party=1)
+        revoked.set()
+
+    operator = threading.Thread(target=revoking)
+    operator.start()
+    refresh.join(20.0)
+    operator.join(20.0)
+    rl = current_list(ca_dir, ca)
+    assert rl is not None and statement_sha256(statement) in rl.revoked

@@ -23,7 +23,11 @@ is right.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +52,23 @@ from ppfs.pki import (
 
 STATEMENTS = "statements"
 REVOCATIONS_FILE = "revocations.json"
+# in the CA's directory, locked (flock) while the list in force is read and the next one
+# written: `ppfs up` issuing it again and `ppfs pki revoke` at once must not drop the
+# revocation (each would write a list signed from what it read)
+LIST_LOCK = ".revocations.lock"
+
+
+@contextlib.contextmanager
+def list_lock(ca_dir: Path) -> Iterator[None]:
+    """Hold the CA directory's list lock: one reading and writing of its revocation list
+    (and recording of statements) at a time, across processes."""
+    fd = os.open(ca_dir / LIST_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -127,9 +148,10 @@ def reissue(ca_dir: Path, ca: CertificateAuthority, *,
             freshness: dt.timedelta = REVOCATION_FRESHNESS,
             now: dt.datetime | None = None) -> RevocationList:
     """The same revocations signed again, fresh from ``now`` (the first list: empty)."""
-    rl = current_list(ca_dir, ca)
-    return issue(ca_dir, ca, set(rl.revoked) if rl else set(), freshness=freshness, now=now,
-                 previous=rl)
+    with list_lock(ca_dir):
+        rl = current_list(ca_dir, ca)
+        return issue(ca_dir, ca, set(rl.revoked) if rl else set(), freshness=freshness,
+                     now=now, previous=rl)
 
 
 def revoke(ca_dir: Path, ca: CertificateAuthority, *, party: int | None = None,
@@ -139,26 +161,27 @@ def revoke(ca_dir: Path, ca: CertificateAuthority, *, party: int | None = None,
     statement of the same or older keys that a gateway could still present), or the
     one whose SHA-256 is ``sha256``; sign the list anew. (what was newly revoked, the
     list). ValueError when nothing on record matches."""
-    records = recorded(ca_dir)
-    if sha256 is not None:
-        want = sha256.strip().lower().removeprefix("sha256:")
-        chosen = [r for r in records if r.sha256 == want]
-        if not chosen:
-            raise ValueError(f"no key statement with SHA-256 {want[:64]} on record in "
-                             f"{ca_dir / STATEMENTS}; nothing revoked")
-    elif party is not None:
-        chosen = [r for r in records if r.statement.index == party]
-        if not chosen:
-            raise ValueError(f"no key statement of party index {party} on record in "
-                             f"{ca_dir / STATEMENTS} (`ppfs pki sign` records them); "
-                             "nothing revoked")
-    else:
-        raise ValueError("name a party or a statement's SHA-256 to revoke")
-    rl = current_list(ca_dir, ca)
-    before = set(rl.revoked) if rl else set()
-    new = [r for r in chosen if r.sha256 not in before]
-    return new, issue(ca_dir, ca, before | {r.sha256 for r in chosen},
-                      freshness=freshness, now=now, previous=rl)
+    with list_lock(ca_dir):  # what it reads is what the list it writes follows
+        records = recorded(ca_dir)
+        if sha256 is not None:
+            want = sha256.strip().lower().removeprefix("sha256:")
+            chosen = [r for r in records if r.sha256 == want]
+            if not chosen:
+                raise ValueError(f"no key statement with SHA-256 {want[:64]} on record in "
+                                 f"{ca_dir / STATEMENTS}; nothing revoked")
+        elif party is not None:
+            chosen = [r for r in records if r.statement.index == party]
+            if not chosen:
+                raise ValueError(f"no key statement of party index {party} on record in "
+                                 f"{ca_dir / STATEMENTS} (`ppfs pki sign` records them); "
+                                 "nothing revoked")
+        else:
+            raise ValueError("name a party or a statement's SHA-256 to revoke")
+        rl = current_list(ca_dir, ca)
+        before = set(rl.revoked) if rl else set()
+        new = [r for r in chosen if r.sha256 not in before]
+        return new, issue(ca_dir, ca, before | {r.sha256 for r in chosen},
+                          freshness=freshness, now=now, previous=rl)
 
 
 def refuse_revoked_keys(ca_dir: Path, ca: CertificateAuthority, statement: bytes) -> None:

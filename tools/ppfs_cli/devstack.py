@@ -241,10 +241,11 @@ def prepare(root: Path, parties: int, *, party_keys: bool = True,
 
 def _record_statement(ca_dir: Path, ca: Any, statement: bytes) -> None:
     """The CA's record of a key statement it signs (as ``ppfs pki sign`` keeps it)."""
-    from ppfs.revocation import record_statement, refuse_revoked_keys
+    from ppfs.revocation import list_lock, record_statement, refuse_revoked_keys
 
-    refuse_revoked_keys(ca_dir, ca, statement)
-    record_statement(ca_dir, statement)
+    with list_lock(ca_dir):  # not while a revocation reads what is on record
+        refuse_revoked_keys(ca_dir, ca, statement)
+        record_statement(ca_dir, statement)
 
 
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:

@@ -366,11 +366,12 @@ def _pki_init(args: argparse.Namespace) -> int:
 
 
 def _pki_sign(args: argparse.Namespace) -> int:
-    from ppfs.revocation import record_statement, refuse_revoked_keys
+    from ppfs.revocation import list_lock, record_statement, refuse_revoked_keys
 
     def record(statement: bytes) -> None:
-        refuse_revoked_keys(args.ca_dir, ca, statement)
-        record_statement(args.ca_dir, statement)
+        with list_lock(args.ca_dir):  # not while a revocation reads what is on record
+            refuse_revoked_keys(args.ca_dir, ca, statement)
+            record_statement(args.ca_dir, statement)
 
     try:
         ca = load_ca(args.ca_dir)
