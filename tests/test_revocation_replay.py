@@ -415,3 +415,33 @@ def test_a_revocation_made_while_the_list_is_issued_again_is_kept(
     operator.join(20.0)
     rl = current_list(ca_dir, ca)
     assert rl is not None and statement_sha256(statement) in rl.revoked
+
+
+@pytest.mark.parametrize("command", ["revocations", "revoke"])
+def test_a_list_dated_before_the_one_it_replaces_is_named(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """The list in force was issued an hour after this machine's clock says now: the
+    clock was set back (clients that took that list refuse the new one as a replay), or
+    ran ahead when it was issued (no client took it). The operator is told which list
+    is dated after which, and what to do, rather than finding out from the clients."""
+    from nacl.public import PrivateKey
+    from nacl.signing import SigningKey
+
+    from ppfs.keycert import certify_party_keys
+    from ppfs.revocation import record_statement
+
+    ca_dir, ca = tmp_path / "ca", CertificateAuthority.create("ca")
+    save_ca(ca, ca_dir)
+    statement, _ = certify_party_keys(
+        ca.key, ca.cert, 1, "Bob", bytes(PrivateKey.generate().public_key),
+        bytes(SigningKey.generate().verify_key), revocation_list=True)
+    record_statement(ca_dir, statement)
+    ahead = issue(ca_dir, ca, set(), now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    argv = ["--ca-dir", str(ca_dir)] + (["--party", "1"] if command == "revoke" else [])
+    rc, _, err = pki(capsys, command, *argv)
+    assert rc == 0, err
+    assert (f"warning: the list it replaces was issued at {ahead.issued_at}, after this "
+            "one") in err, err
+    assert "set it right and issue the list again" in err
+    rc, _, err = pki(capsys, command, *argv)  # the clocks agree again: nothing to say
+    assert rc == 0 and "warning" not in err, err

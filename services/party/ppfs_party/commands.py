@@ -415,9 +415,32 @@ def _write_out(args: argparse.Namespace) -> None:
         replace_public_file(args.out, (args.ca_dir / REVOCATIONS_FILE).read_bytes())
 
 
+def _list_in_force(args: argparse.Namespace) -> Any:
+    """The CA's list before a new one is issued, to compare with it (None if none reads)."""
+    from ppfs.revocation import current_list
+
+    try:
+        return current_list(args.ca_dir, load_ca(args.ca_dir))
+    except (ValueError, OSError):
+        return None
+
+
+def _warn_if_dated_before(before: Any, rl: Any, command: str) -> None:
+    """A list issued before the one it replaces: the clock was set back since that one
+    (clients that took it refuse this one as a replay), or ran ahead then (ppfs.revocation
+    .issue does not follow a list issued in the future: no client took it)."""
+    if before is not None and rl.issued < before.issued:
+        print(f"ppfs pki {command}: warning: the list it replaces was issued at "
+              f"{before.issued_at}, after this one ({rl.issued_at}): this machine's clock "
+              "is behind, or it was ahead when that list was issued. If it is behind, set "
+              "it right and issue the list again (`ppfs pki revocations`): clients that "
+              "took that list refuse this one as a replay", file=sys.stderr)
+
+
 def _pki_revoke(args: argparse.Namespace) -> int:
     from ppfs.revocation import REVOCATIONS_FILE, revoke
 
+    before = _list_in_force(args)
     try:
         _check_out(args)
         new, rl = revoke(args.ca_dir, load_ca(args.ca_dir), party=args.party,
@@ -427,6 +450,7 @@ def _pki_revoke(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"ppfs pki revoke: error: {exc}", file=sys.stderr)
         return 2
+    _warn_if_dated_before(before, rl, "revoke")
     for r in new:
         print(f"revoked {r}")
         if not r.statement.revocation_list:
@@ -443,6 +467,7 @@ def _pki_revoke(args: argparse.Namespace) -> int:
 def _pki_revocations(args: argparse.Namespace) -> int:
     from ppfs.revocation import REVOCATIONS_FILE, reissue
 
+    before = _list_in_force(args)
     try:
         _check_out(args)
         rl = reissue(args.ca_dir, load_ca(args.ca_dir),
@@ -451,6 +476,7 @@ def _pki_revocations(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"ppfs pki revocations: error: {exc}", file=sys.stderr)
         return 2
+    _warn_if_dated_before(before, rl, "revocations")
     print(_list_line(rl, args.out or args.ca_dir / REVOCATIONS_FILE))
     return 0
 
