@@ -81,3 +81,27 @@ def test_a_list_that_is_not_the_cas_is_named(tmp_path: Path) -> None:
     (root / "ca" / REVOCATIONS_FILE).write_bytes(b"{}")
     with pytest.raises(ParameterError, match=REVOCATIONS_FILE):
         prepare(root, 3, revocable=True)
+
+
+def test_a_refresh_that_fails_in_any_way_leaves_the_stack_running(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CA key encrypted at rest while the stack runs (it cannot sign unattended): the
+    refresh fails with the library's TypeError, not an OSError or ValueError. `ppfs up`
+    warns and keeps supervising, rather than ending (and every daemon with it)."""
+    import asyncio
+
+    from cryptography.hazmat.primitives import serialization
+
+    root = tmp_path / "st"
+    stack = Stack(prepare(root, 3, revocable=True))
+    ca = load_ca(root / "ca")
+    (root / "ca" / "ca.key").write_bytes(ca.key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"a passphrase")))
+    with pytest.raises(TypeError):  # the fault itself, as the refresh meets it
+        stack.refresh_revocations(dt.datetime.now(dt.UTC) + dt.timedelta(days=2))
+    capsys.readouterr()
+    asyncio.run(stack._refresh_reporting())
+    err = capsys.readouterr().err
+    assert "ppfs: warning: the revocation list was not issued again" in err, err
+    assert "a passphrase" not in err

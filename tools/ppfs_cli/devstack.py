@@ -494,10 +494,14 @@ class Stack:
         return True
 
     async def _refresh_reporting(self) -> None:
+        """:meth:`refresh_revocations`, warning when it fails, however it fails: the
+        supervision it runs in keeps every daemon of the stack alive."""
         try:
             await asyncio.to_thread(self.refresh_revocations)
-        except (OSError, ValueError) as exc:
-            print(f"ppfs: warning: the revocation list was not issued again ({exc}); "
+        except Exception as exc:  # a CA key that does not load, say
+            reason = str(exc) if isinstance(exc, (OSError, ValueError)) else (
+                f"{type(exc).__name__}: {exc}")
+            print(f"ppfs: warning: the revocation list was not issued again ({reason}); "
                   "clients refuse the parties once it is stale: `ppfs pki revocations "
                   f"--ca-dir {self.layout.root / 'ca'}`", file=sys.stderr, flush=True)
 
