@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -408,6 +409,59 @@ def test_a_description_padded_with_what_no_check_reads_is_refused(tmp_path: Path
     dep = run_parties(tmp_path, scenario)
     records = sorted((dep.settings[0].state_dir / "jobs").glob("*.json"))
     assert [r.name for r in records] == ["good.json"]
+    assert records[0].stat().st_size < 64 << 10
+
+
+def test_a_job_padded_with_genuine_consents_it_does_not_rely_on_is_refused(
+        tmp_path: Path) -> None:
+    """The consents a turned gateway holds are genuine: every one the registered owner
+    ever gave, to other recipients, for other data sets. Relayed with a job they do not
+    concern (15,000 of them, most of a gRPC message), each used to be verified, one
+    signature after another in the party's event loop, and the job accepted with all of
+    them kept in its record, some 10 MB on disk and in memory for every job until it is
+    pruned. The party refuses a consent the job cannot rely on (another data set,
+    recipient or key, what the job does not reveal), naming it, at once; nothing kept."""
+
+    async def scenario(dep: Deployment, servers: list[PartyServer], stubs: list[Stub],
+                       box: list[bytes]) -> None:
+        desc = await _job_held_at_alice(dep, stubs, box)
+        owner = dep.owners["owner-a"]
+        key = bytes(owner.box.public_key)
+        others = [Consent("owner-a", f"other{i}", f"analyst{i}", key, Reveal.SELECTION,
+                          created_at="2026-01-01T00:00:00Z").sign(owner.key)
+                  for i in range(15_000)]
+        own = [Consent("owner-a", "ds", "owner-a", key, r,
+                       created_at="2026-01-01T00:00:00Z") for r in Reveal]
+        cases: list[tuple[str, list[object], str]] = [
+            ("others", list(others), "a consent of 'owner-a' for data set 'other0' to "
+             "'analyst0'"),
+            ("one-other", [others[1]], "a consent of 'owner-a' for data set 'other1'"),
+            # the job's data set and recipient, for another result key
+            ("key", [dataclasses.replace(own[0], recipient_public_key=bytes(32)
+                                         ).sign(owner.key)], "for another result key"),
+        ]
+        for job_id, extra, text in cases:
+
+            def pad(d: party_pb2.JobDescription, extra: list[object] = extra) -> None:
+                d.consents.extend(party_pb2.OwnerConsent(statement=c.statement,
+                                                         signature=c.signature)
+                                  for c in extra)  # type: ignore[attr-defined]
+
+            padded = _changed(desc, job_id, pad)
+            t0 = time.monotonic()
+            await _start_refused(stubs[0], padded, text)
+            assert time.monotonic() - t0 < 2.0, f"{job_id}: {time.monotonic() - t0:.1f} s"
+        # a consent the job can rely on beside the one it does (for more than it reveals)
+        # is one an honest gateway relays: still accepted
+        both = _changed(desc, "both", lambda d: d.consents.add(
+            statement=own[1].sign(owner.key).statement,
+            signature=own[1].sign(owner.key).signature))
+        assert (await _start(stubs[0], both)).job_id == "both"
+        await stubs[0].CancelJob(party_pb2.CancelJobRequest(job_id="both"))
+
+    dep = run_parties(tmp_path, scenario)
+    records = sorted((dep.settings[0].state_dir / "jobs").glob("*.json"))
+    assert [r.name for r in records] == ["both.json"]
     assert records[0].stat().st_size < 64 << 10
 
 

@@ -542,12 +542,13 @@ def check_consents(
     for sc in dict.fromkeys(job.consents):  # one consent relayed many times counts once
         c = sc.consent
         key = owner_keys.get(c.owner_id)
-        if key is None:
-            continue
-        sc.verify(key)
-        if (c.recipient, c.recipient_public_key) != (job.recipient, job.recipient_public_key) \
+        # one that could not serve this job is not verified: a signature check each for
+        # thousands of them relayed would hold the party (the caller refuses them)
+        if key is None or (c.recipient, c.recipient_public_key) != (
+                job.recipient, job.recipient_public_key) \
                 or not c.reveal.covers(job.training is not None):
             continue
+        sc.verify(key)
         who = (c.owner_id, c.dataset_id)
         few = bool(c.min_rows) and pinned.get(c.dataset_id, 0) < c.min_rows
         few_own = bool(c.min_own_rows) and pinned_own.get(who, 0) < c.min_own_rows
@@ -594,6 +595,33 @@ def check_consents(
             + "; ".join(missing)[:400]
         )
     return [min(limited[who]) for who in needed if who not in valid]
+
+
+def unrelied_consent(job: JobContract, upload_owners: Mapping[str, Sequence[str]]
+                     ) -> str | None:
+    """Why one of the consents the job carries is none it can rely on, or None when each
+    could serve it: for one of its data sets, from an owner of an upload it pins of that
+    data set (``upload_owners``, as in :func:`check_consents`), to its recipient and
+    result key, allowing what it reveals. A gateway relays no other (it holds every
+    consent it was ever given, to other recipients and for other data sets); a party
+    keeps a job's consents with its record."""
+    for sc in job.consents:
+        c = sc.consent
+        if c.dataset_id not in upload_owners:
+            why = "a data set the job does not name"
+        elif c.owner_id not in upload_owners[c.dataset_id]:
+            why = "its owner has no upload the job pins of that data set"
+        elif c.recipient != job.recipient:
+            why = "another recipient"
+        elif c.recipient_public_key != job.recipient_public_key:
+            why = "for another result key"
+        elif not c.reveal.covers(job.training is not None):
+            why = "it does not allow the model the job trains"
+        else:
+            continue
+        return (f"the job carries a consent of {c.owner_id!r} for data set {c.dataset_id!r} "
+                f"to {c.recipient!r} that it cannot rely on ({why})")
+    return None
 
 
 class RequestError(ParameterError):

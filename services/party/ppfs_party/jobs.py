@@ -12,7 +12,8 @@ minimum of rows, with at least that many pinned of the data set as the manifests
 here count them, and for one asking for a minimum of the owner's own rows, with at
 least that many pinned from the uploads whose manifests that owner signed; the mask
 upload was signed by
-that recipient for that key) and the recipient's request (ppfs.contract.check_request:
+that recipient for that key; and no consent it carries is one the job cannot rely on:
+another data set, recipient or key) and the recipient's request (ppfs.contract.check_request:
 the job's parameters are exactly those the recipient signed). The gateway's own checks
 are not relied on. It then
 records the job (queued, durably) and answers at once. Compiling the program is the
@@ -98,6 +99,7 @@ from ppfs.contract import (
     check_request,
     description_sha256,
     failure_kind,
+    unrelied_consent,
 )
 from ppfs.contract import seal_result as seal_result_part
 from ppfs.durable import write_durable
@@ -507,11 +509,10 @@ class JobRunner:
             if sc.consent.owner_id not in owners:
                 raise ConsentError(f"the job carries a consent of {sc.consent.owner_id!r}, "
                                    "no data owner registered with this party")
+        upload_owners = {ds.dataset_id: [u.manifest.owner_id for u in ups]
+                         for ds, ups in zip(job.datasets, found, strict=True)}
         spent = check_consents(
-            job,
-            {ds.dataset_id: [u.manifest.owner_id for u in ups]
-             for ds, ups in zip(job.datasets, found, strict=True)},
-            owners, mask.manifest.owner_id,
+            job, upload_owners, owners, mask.manifest.owner_id,
             base64.b64decode(mask.manifest.recipient_public_key), self._consent_uses,
             revoked=self.revocations.covers,
             # a consent's minimum of rows against the manifests held here, not the job's word
@@ -521,6 +522,11 @@ class JobRunner:
             # against its key when stored here), whatever another owner pins beside them
             own_rows=_own_rows(job, found),
         )
+        # and only consents that could serve the job: the gateway holds every consent it
+        # was ever given, and the job's record keeps the ones it carries
+        unrelied = unrelied_consent(job, upload_owners)
+        if unrelied:
+            raise ConsentError(unrelied)
         # the parameters are the recipient's, not the gateway's: signed by the recipient
         check_request(job, owners.get(job.recipient))
         # Two openings under one mask would reveal the difference of two results.
