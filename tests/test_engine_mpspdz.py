@@ -168,7 +168,8 @@ def test_party_input_file_is_components_in_program_order(
         write_party_input(security, shape, i, prep.inputs.party_dirs[i], out, 12345 + i,
                           persisted, memory)
         words = np.fromfile(out, dtype="<u8")
-        expected = [np.array([12345 + i], dtype=np.uint64)]  # the session tag comes first
+        # the session tag comes first, in words of 63 bits, the lowest first
+        expected = [np.array([12345 + i, 0, 0, 0], dtype=np.uint64)]
         shares = []
         bundles = [ShareBundle.load(prep.inputs.party_dirs[i] / f)
                    for f in ("data.shr", "labels.shr", "mask.shr")]
@@ -852,10 +853,16 @@ def test_every_party_names_a_session_mismatch_itself(
     # each party run as its daemon runs it (run_party), Carol in another job: every one
     # of them reads the program's verdict in its own output (all parties print it) and
     # stops with the session mismatch, none with a mere lost peer; no data was input
+    from ppfs.contract import SESSION_TAG_BITS
+
     table = make_table(30, 4, seed=7)
     prep = prepare_inputs(table, 2, security, tmp_path / "inputs")
-    tags = [11] * security.parties
-    tags[2] = 12
+    # Carol's tag differs in its top bit alone: every word of the tag is compared, not
+    # the first one (63 bits: a gateway choosing job ids finds two descriptions of one
+    # such tag with some 2^32 hashes)
+    tag = (1 << (SESSION_TAG_BITS - 1)) | 11
+    tags = [tag] * security.parties
+    tags[2] = tag ^ (1 << (SESSION_TAG_BITS - 1))
     got = run_every_party(engine, party_specs(engine, prep.inputs, tmp_path / "run", tags))
     assert all(isinstance(g, SessionMismatchError) for g in got), got
     assert _engine_processes(tmp_path) == []

@@ -757,11 +757,37 @@ def test_mpyc_session_tag_mismatch_stops_before_data(tmp_path: Path) -> None:
     assert processes_in(tmp_path) == []
 
 
+def test_mpyc_tags_alike_but_past_their_first_word_stop_before_data(tmp_path: Path) -> None:
+    """A gateway chooses every job id it sends, so it can look for two descriptions of
+    one tag: with a 63-bit tag, some 2^32 hashes find two (a birthday search), and two
+    honest parties would then run different jobs in one session. The tag holds 252 bits,
+    and a difference in any of them stops the run at the session check."""
+    from ppfs.contract import SESSION_TAG_BITS
+
+    assert SESSION_TAG_BITS >= 250
+    table = make_table(8, 3, seed=2)
+    security = Security.PASSIVE_3PC
+    prep = prepare_inputs(table, 1, security, tmp_path / "inputs")
+    engine = MpycEngine(start_timeout=30)
+    tag = (1 << (SESSION_TAG_BITS - 1)) | 11
+    # Carol's tag differs from the others' in its top bit alone
+    specs = party_specs(engine, prep.inputs, tmp_path / "run",
+                        tags=[tag, tag, tag ^ (1 << (SESSION_TAG_BITS - 1))])
+    got = run_every_party(engine, specs)
+    assert all(isinstance(g, SessionMismatchError) for g in got), got
+    for d in (s.workdir for s in specs):
+        phases = (d / "status.txt").read_text()
+        assert "checking the session" in phases and "loading shares" not in phases
+    assert processes_in(tmp_path) == []
+
+
 def test_session_tag_binds_job_id_and_description() -> None:
-    from ppfs.contract import session_tag
+    from ppfs.contract import SESSION_TAG_BITS, session_tag
 
     a = session_tag("job-1", "a" * 64)
-    assert 0 <= a < 1 << 63
+    assert 0 <= a < 1 << SESSION_TAG_BITS
+    # all of a SHA-256 but a few bits: no two descriptions of one tag are to be found
+    assert SESSION_TAG_BITS >= 250
     assert a != session_tag("job-2", "a" * 64)
     assert a != session_tag("job-1", "b" * 64)
     assert description_sha256(party_pb2.JobDescription(job_id="x")) != description_sha256(

@@ -83,7 +83,11 @@ CONSENT_PURPOSE_MIN_OWN_ROWS = "ppfs consent v3"
 RESULT_PURPOSE = "ppfs result v1"
 REQUEST_PURPOSE = "ppfs job request v1"
 ENGINES = ("mp-spdz", "mpyc")
-SESSION_TAG_BITS = 63
+# the session tag's bits (ppfs.engines.base.SESSION_WORDS words of 63 bits): all of a
+# SHA-256 but four. A gateway chooses the job ids it sends, so a tag it could find two
+# descriptions of (some 2^(bits/2) hashes; 2^32 for one 63-bit word) would have two
+# honest parties run different jobs in one session
+SESSION_TAG_BITS = 252
 
 
 class JobState(enum.StrEnum):
@@ -859,8 +863,9 @@ class JobContract:
         return description_sha256(self.to_proto())
 
     def session_tag(self, sha256: str | None = None) -> int:
-        """63 bits of SHA-256(job_id || description SHA-256): every engine party inputs
-        it first and the run stops unless all parties input the same tag."""
+        """252 bits of SHA-256(job_id || description SHA-256): every engine party inputs
+        it first (in words of 63 bits) and the run stops unless all parties input the
+        same tag."""
         return session_tag(self.job_id, sha256 or self.sha256())
 
 
@@ -873,7 +878,7 @@ def session_tag(job_id: str, description_sha256: str) -> int:
     digest = hashlib.sha256(
         b"ppfs session\0" + job_id.encode() + b"\0" + description_sha256.encode()
     ).digest()
-    return int.from_bytes(digest[:8], "big") >> (64 - SESSION_TAG_BITS)
+    return int.from_bytes(digest, "big") >> (256 - SESSION_TAG_BITS)
 
 
 # -- result parts ------------------------------------------------------------------

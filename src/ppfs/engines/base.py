@@ -31,6 +31,21 @@ from ppfs.sharing import ShareBundle
 from ppfs.step2a import Security, Step2AShape
 
 PARTY_NAMES = ("Alice", "Bob", "Carol", "Dave")
+# A job's session tag (ppfs.contract.session_tag, SESSION_TAG_BITS = 252) as the engines
+# input it: SESSION_WORDS words of SESSION_WORD_BITS bits, each a value both engines'
+# arithmetic holds (MP-SPDZ's 64-bit ring, MPyC's secure integers); step2a.mpc reads as
+# many words
+SESSION_WORDS, SESSION_WORD_BITS = 4, 63
+
+
+def session_words(tag: int) -> list[int]:
+    """The words of a session tag, the lowest first; ParameterError for a tag that does
+    not fit them."""
+    if not 0 <= tag < 1 << (SESSION_WORDS * SESSION_WORD_BITS):
+        raise ParameterError(f"the session tag must be a "
+                             f"{SESSION_WORDS * SESSION_WORD_BITS}-bit value")
+    mask = (1 << SESSION_WORD_BITS) - 1
+    return [(tag >> (SESSION_WORD_BITS * w)) & mask for w in range(SESSION_WORDS)]
 INPUT_FILES = ("data.shr", "labels.shr", "mask.shr")
 
 Progress = Callable[[str], None]
@@ -180,8 +195,9 @@ class PartyRunSpec:
     program_hash: str | None = None  # refuse to run when the own program differs
     timeout: float | None = None  # None: the engine's default
     bind_host: str | None = None  # listen on this address only (None: every interface)
-    # 63-bit tag of the job (ppfs.contract.session_tag): every party inputs it before any
-    # data and the run stops unless all tags agree. None: an embedded run (tag 0).
+    # 252-bit tag of the job (ppfs.contract.session_tag): every party inputs it before
+    # any data, as SESSION_WORDS words (session_words), and the run stops unless all tags
+    # agree in every word. None: an embedded run (tag 0).
     session_tag: int | None = None
     # Where this party dials each peer, when that differs from ``peers`` (a relay or a
     # NAT in between); its own entry must be ``peers[party]``. None: dial ``peers``.

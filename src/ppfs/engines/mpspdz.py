@@ -83,6 +83,7 @@ from ppfs.engines.base import (
     make_private,
     private_dir,
     private_opener,
+    session_words,
     to_thread_to_the_end,
 )
 from ppfs.engines.mpspdz_check import (
@@ -329,7 +330,8 @@ def write_party_input(
     """Write party ``party``'s MP-SPDZ input from its share bundles (``bundles`` in
     memory, else those in ``party_dir``).
 
-    The input file ``out`` starts with the job's session tag (one word). In active 4PC
+    The input file ``out`` starts with the job's session tag (its
+    :data:`~ppfs.engines.base.SESSION_WORDS` words, the lowest first). In active 4PC
     it then holds, for data, labels and mask in turn (as :func:`engine_components`
     gives them: the mask folded to one word per output), the party's items of
     :func:`ppfs.step2a.input_plan` (each the sum of some of its components mod 2^64),
@@ -346,10 +348,9 @@ def write_party_input(
     bundles = _checked_bundles(security, shape, party, party_dir, bundles)
     given: Given = [(b.kind, engine_components(b)) for b in bundles]
     out.parent.mkdir(parents=True, exist_ok=True)
-    if not 0 <= session_tag < 1 << 63:
-        raise ParameterError("the session tag must be a 63-bit value")
+    tag_words = session_words(int(session_tag))  # ParameterError unless it fits
     with open(out, "wb") as fh:
-        fh.write(int(session_tag).to_bytes(8, "little"))
+        fh.write(b"".join(w.to_bytes(8, "little") for w in tag_words))
         own, prev = party, (party - 1) % security.parties
         if security in MEMORY_INPUT:
             for j in (own, prev):

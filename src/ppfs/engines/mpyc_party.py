@@ -25,8 +25,9 @@ by :class:`RawWire` (fixed-width raw buffers). Share values and opened words are
 never logged; errors name their type and a fixed reason only.
 
 Before any of this, right after connecting, every party inputs the job's session
-tag (``session_tag`` in the job file, ppfs.contract.session_tag) as a private input;
-the differences of party 0's tag and each other party's are opened (public values)
+tag (``session_tag`` in the job file, ppfs.contract.session_tag: 252 bits, input as
+words of 63 bits, ppfs.engines.base.session_words) as a private input; the
+differences of party 0's words and each other party's are opened (public values)
 and the party stops with exit code 5 unless all are zero: peers running another job
 never get to compute with this party's data. The share files are read only after
 this check.
@@ -65,8 +66,8 @@ import numpy as np
 
 from ppfs import scoring, step2b
 from ppfs.durable import write_durable
-from ppfs.engines.base import PARTY_NAMES
-from ppfs.errors import PpfsError, ShareFormatError
+from ppfs.engines.base import PARTY_NAMES, session_words
+from ppfs.errors import ParameterError, PpfsError, ShareFormatError
 from ppfs.scoring import Scorer
 from ppfs.sharing import Scheme, ShareBundle
 from ppfs.step2a import (
@@ -229,8 +230,10 @@ class PartyJob:
             raise JobError("party 0 needs an output path")
         if job.chunk < 1:
             raise JobError("chunk must be positive")
-        if not 0 <= job.session_tag < _TWO63:
-            raise JobError("the session tag must be a 63-bit value")
+        try:
+            session_words(job.session_tag)
+        except ParameterError as exc:
+            raise JobError(str(exc)) from None
         return job
 
 
@@ -1187,10 +1190,12 @@ def setup_logging() -> None:
 
 
 async def check_session(rt: Any, secint: Any, tag: int) -> None:
-    """Every party inputs its session tag; the differences to party 0's are opened
-    (public: zero exactly when the tags agree). SessionError unless all are zero."""
-    tags = rt.input(secint(tag), senders=list(range(len(rt.parties))))
-    diffs = await rt.output([tags[0] - t for t in tags[1:]])
+    """Every party inputs its session tag (its words, :func:`session_words`); the
+    differences to party 0's are opened (public: zero exactly when the tags agree).
+    SessionError unless all are zero."""
+    tags = rt.input([secint(w) for w in session_words(tag)],
+                    senders=list(range(len(rt.parties))))
+    diffs = await rt.output([a - b for t in tags[1:] for a, b in zip(tags[0], t, strict=True)])
     if any(int(d) != 0 for d in diffs):
         raise SessionError("the peers run another job (session tags differ)")
 
