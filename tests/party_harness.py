@@ -173,6 +173,8 @@ async def spawn_party(
         argv += ["--mpspdz-cache", str(settings.mpspdz_cache)]
     if settings.job_timeout is not None:
         argv += ["--job-timeout", str(settings.job_timeout)]
+    if settings.stall_timeout is not None:
+        argv += ["--stall-timeout", str(settings.stall_timeout)]
     for engine in settings.engines:
         argv += ["--engine", engine]
     with open(log_path, "ab") as log:

@@ -190,7 +190,7 @@ class _Engine:
 def _runner(state: Path, audit: _Audit) -> JobRunner:
     settings = SimpleNamespace(
         state_dir=state, max_concurrent_jobs=1, index=0, name="Alice", mpc_bind_host=None,
-        job_timeout=None, dial_for=lambda peers: None)
+        job_timeout=None, stall_timeout=None, dial_for=lambda peers: None)
     keys = SimpleNamespace(mpc_key=lambda e: state / "k", mpc_cert=lambda e: state / "c",
                            ca_path=state / "ca")
     runner = JobRunner(settings, keys, None, audit, {})

@@ -36,6 +36,7 @@ from ppfs.engines.registry import (
     mpspdz_candidates,
     mpspdz_home,
 )
+from ppfs.engines.stall import DEFAULT_STALL_SECONDS
 from ppfs.errors import (
     EngineError,
     EngineUnavailableError,
@@ -55,6 +56,7 @@ from ppfs.table import LabelledTable, read_csv
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
+MAX_LIMIT_SECONDS = 30 * 86_400.0  # --timeout and --stall-timeout: a month at most
 
 
 def add_commands(sub: Any) -> None:
@@ -151,6 +153,16 @@ def _job_args(
         default=None,
         help="keep the parties' working directories here (they hold shares and keys: "
         "made readable by you alone)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS",
+        help="stop the secure run after SECONDS (default: the engine's, 4 h on mp-spdz, "
+        "from the data's shape on mpyc)",
+    )
+    p.add_argument(
+        "--stall-timeout", type=float, default=None, metavar="SECONDS",
+        help="stop the secure run once no party has computed or printed for SECONDS: a "
+        f"party froze (default {DEFAULT_STALL_SECONDS:g}; 0: never)",
     )
 
 
@@ -250,7 +262,10 @@ def _select(args: argparse.Namespace, table: LabelledTable, source: str = "input
                 reveal_reduced=reveal_reduced, train=train, scorer=scorer)
     if args.out is not None and not reveal_reduced:
         raise ParameterError("--out needs D', which --no-reduced keeps inside MPC")
+    limits = _run_limits(args)
     engine = _resolve_engine(args.engine, security)
+    for name, value in limits.items():
+        setattr(engine, name, value)
     # made now: an --out that cannot be written is refused before the secure run, not after
     out_tmp = _claim_out(args.out) if args.out is not None else None
     try:
@@ -259,6 +274,22 @@ def _select(args: argparse.Namespace, table: LabelledTable, source: str = "input
     finally:
         if out_tmp is not None:
             out_tmp.unlink(missing_ok=True)
+
+
+def _run_limits(args: argparse.Namespace) -> dict[str, float | None]:
+    """The engine attributes --timeout and --stall-timeout set (those given), checked."""
+    limits: dict[str, float | None] = {}
+    if args.timeout is not None:
+        if not 0 < args.timeout <= MAX_LIMIT_SECONDS:
+            raise ParameterError(f"--timeout {args.timeout:g}: give 0 < SECONDS <= "
+                                 f"{MAX_LIMIT_SECONDS:g}")
+        limits["timeout"] = args.timeout
+    if args.stall_timeout is not None:
+        if not 0 <= args.stall_timeout <= MAX_LIMIT_SECONDS:
+            raise ParameterError(f"--stall-timeout {args.stall_timeout:g}: give 0 <= SECONDS "
+                                 f"<= {MAX_LIMIT_SECONDS:g} (0: never)")
+        limits["stall_seconds"] = args.stall_timeout or None
+    return limits
 
 
 def _claim_out(path: Path) -> Path:

@@ -59,6 +59,7 @@ from ppfs.errors import (
     RangeAbortError,
     SessionMismatchError,
     ShareFormatError,
+    StalledError,
     TimedOutError,
 )
 from ppfs.fixedpoint import MAX_FRAC_BITS, FixedPoint
@@ -124,6 +125,8 @@ class FailureKind(enum.StrEnum):
     SESSION = "session"  # the engine's peers ran another job
     RESTARTED = "restarted"  # the party restarted while the job was unfinished
     OUT_OF_RANGE = "out_of_range"  # a Step 2B range check opened 1 (the data's doing)
+    # the run made no progress: a peer stopped answering, which one the reporter cannot see
+    STALLED = "stalled"
 
     @property
     def symptom(self) -> bool:
@@ -133,9 +136,10 @@ class FailureKind(enum.StrEnum):
     @property
     def collective(self) -> bool:
         """True when every party stops alike and the cause cannot be pinned on the
-        reporter: a range check every party opened, or input checks that failed (the
-        engine cannot tell which server altered its share)."""
-        return self in (FailureKind.OUT_OF_RANGE, FailureKind.INTEGRITY)
+        reporter: a range check every party opened, input checks that failed (the
+        engine cannot tell which server altered its share), or a run that stalled (a
+        peer stopped answering: the reporter is one of those left waiting)."""
+        return self in (FailureKind.OUT_OF_RANGE, FailureKind.INTEGRITY, FailureKind.STALLED)
 
     def to_proto(self) -> pb.FailureKind:
         return cast("pb.FailureKind", pb.FailureKind.Value(f"FAILURE_KIND_{self.name}"))
@@ -156,6 +160,8 @@ def failure_kind(exc: BaseException) -> FailureKind:
         return FailureKind.SESSION
     if isinstance(exc, PeerLostError):
         return FailureKind.PEER_LOST
+    if isinstance(exc, StalledError):
+        return FailureKind.STALLED
     if isinstance(exc, TimedOutError):
         return FailureKind.TIMEOUT
     if isinstance(exc, ParameterError | ShareFormatError):

@@ -52,6 +52,14 @@ class TimedOutError(EngineError):
     """An MPC run exceeded its time limit."""
 
 
+class StalledError(TimedOutError):
+    """An MPC run made no progress for its stall limit: no party it watched computed or
+    printed, as when a peer stops answering (its engine frozen, or its connection cut
+    off without closing). ``party`` names the stopped party only where the engine sees
+    it stopped (every party on one machine); a party daemon sees its own process only
+    and names nobody."""
+
+
 class SessionMismatchError(EngineError):
     """The engine's peers input another job's session tag: they run another job.
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ppfs.engines.base import PARTY_NAMES
+from ppfs.engines.stall import DEFAULT_STALL_SECONDS
 from ppfs.errors import PpfsError
 from ppfs.keycert import REVOCATION_FRESHNESS
 from ppfs.logfmt import configure_logging
@@ -122,6 +123,10 @@ def add_commands(subparsers: Any) -> None:
                        help="engine runs at once; a job beyond waits queued (default 1)")
     serve.add_argument("--job-timeout", type=float, default=None,
                        help="engine time limit per run in seconds")
+    serve.add_argument("--stall-timeout", type=float, default=None, metavar="S",
+                       help="stop a run once this party's engine has neither computed nor "
+                            "printed for S seconds: a peer stopped answering (default "
+                            f"{DEFAULT_STALL_SECONDS:g}; 0: never)")
     serve.add_argument("--drain-seconds", type=float, default=DEFAULT_DRAIN_SECONDS,
                        metavar="S",
                        help="on SIGTERM or SIGINT, take no new job and give the unfinished "
@@ -309,7 +314,8 @@ def _settings(args: argparse.Namespace) -> PartySettings:
             staged_expiry=args.staged_expiry_hours * 3600,
             job_retention_days=args.job_retention_days,
             bundle_cache_bytes=args.bundle_cache_mib << 20,
-            job_timeout=args.job_timeout, port_file=args.port_file,
+            job_timeout=args.job_timeout, stall_timeout=args.stall_timeout,
+            port_file=args.port_file,
             drain_seconds=args.drain_seconds,
             mpspdz_cache=args.mpspdz_cache, metrics_listen=args.metrics_listen,
             mpc_dial=tuple(MpcDial.parse(d) for d in args.mpc_dial),

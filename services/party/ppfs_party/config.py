@@ -123,6 +123,10 @@ class PartySettings:
     # loaded upload bundles kept in memory for the next job (0: none kept)
     bundle_cache_bytes: int = DEFAULT_BUNDLE_CACHE
     job_timeout: float | None = None  # engine time limit per run; None: engine default
+    # stop a run once this party's engine neither computed nor printed for this many
+    # seconds: a peer stopped answering (frozen), which would hold this party's job slot
+    # until job_timeout. None: the engine's default (ppfs.engines.stall); 0: never
+    stall_timeout: float | None = None
     stop_grace: float = 5.0  # seconds in-flight calls get on SIGTERM
     # on SIGTERM, seconds the unfinished jobs get to end before they are stopped (no new
     # job is taken meanwhile; a second SIGTERM stops at once); 0: stop them at once
@@ -165,6 +169,12 @@ class PartySettings:
         if not 1 / 24 <= self.job_retention_days <= 3660:  # NaN too
             raise ParameterError("job_retention_days (--job-retention-days) must be at least "
                                  "an hour (1/24) and at most ten years (3660)")
+        if self.job_timeout is not None and not 0 < self.job_timeout <= 30 * 86_400:
+            raise ParameterError("job_timeout (--job-timeout) must be more than 0 and at "
+                                 "most 30 days, in seconds")
+        if self.stall_timeout is not None and not 0 <= self.stall_timeout <= 86_400:
+            raise ParameterError("stall_timeout (--stall-timeout) must be 0 .. 86400 "
+                                 "seconds (0: never)")
         if not 0 <= self.drain_seconds <= 86_400:
             raise ParameterError("drain_seconds (--drain-seconds) must be 0 .. 86400")
         if self.bundle_cache_bytes < 0:

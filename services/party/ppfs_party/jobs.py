@@ -623,6 +623,7 @@ class JobRunner:
                     tls=PartyTls(self.keys.mpc_key(job.engine),
                                  self.keys.mpc_cert(job.engine), self.keys.ca_path),
                     program_hash=digest, timeout=self.settings.job_timeout,
+                    stall_timeout=self.settings.stall_timeout,
                     bind_host=self.settings.mpc_bind_host,
                     session_tag=job.session_tag(rec.description_sha256),
                     bundles=inputs.bundles,

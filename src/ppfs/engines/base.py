@@ -194,6 +194,9 @@ class PartyRunSpec:
     tls: PartyTls
     program_hash: str | None = None  # refuse to run when the own program differs
     timeout: float | None = None  # None: the engine's default
+    # stop the run once this party neither computed nor printed for this many seconds
+    # (a peer stopped answering); None: the engine's default
+    stall_timeout: float | None = None
     bind_host: str | None = None  # listen on this address only (None: every interface)
     # 252-bit tag of the job (ppfs.contract.session_tag): every party inputs it before
     # any data, as SESSION_WORDS words (session_words), and the run stops unless all tags

@@ -95,6 +95,13 @@ from ppfs.engines.mpspdz_check import (
 )
 from ppfs.engines.mpspdz_release import cpu_bin_dirs
 from ppfs.engines.pdeathsig import read_peak_rss
+from ppfs.engines.stall import (
+    DEFAULT_STALL_SECONDS,
+    SAMPLE_SECONDS,
+    StallWatch,
+    proc_available,
+    sample_tree,
+)
 from ppfs.errors import (
     EngineError,
     IntegrityError,
@@ -103,6 +110,7 @@ from ppfs.errors import (
     RangeAbortError,
     SessionMismatchError,
     ShareFormatError,
+    StalledError,
     TimedOutError,
 )
 from ppfs.pki import CertificateAuthority, hash_link, party_key_and_csr, subject_hash, write_cert
@@ -439,6 +447,7 @@ class _Capture:
         self.cap = cap
         self.kept = bytearray()
         self.on_progress = on_progress
+        self.taken = 0  # bytes read from the pipe so far, progress lines included
         self._partial = b""
 
     def _keep(self, data: bytes) -> None:
@@ -464,6 +473,7 @@ class _Capture:
             chunk = await stream.read(65536)
             if not chunk:
                 break
+            self.taken += len(chunk)
             self._take(chunk)
         if self._partial:
             self._keep(self._partial)
@@ -607,12 +617,15 @@ class MpSpdzEngine:
         *,
         cache_dir: Path | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        stall_seconds: float | None = DEFAULT_STALL_SECONDS,
         peer_view: PeerView | None = None,
     ) -> None:
         self.home = Path(home)
         # absolute: parties and compiler run with their own directory as cwd
         self.cache_dir = (cache_dir if cache_dir is not None else default_cache_dir()).absolute()
         self.timeout = timeout
+        # stop a run in which no party computed or printed for this long (None: never)
+        self.stall_seconds = stall_seconds
         # embedded runs only: where each party dials its peers (None: where they listen)
         self.peer_view = peer_view
         # party binaries whose integrity check passed (mpspdz_check), by (path, size, mtime)
@@ -947,7 +960,8 @@ class MpSpdzEngine:
                 ProgressPlan.for_shape(shape, security), progress))
             if progress:
                 progress("running the secure computation")
-            await self._supervise([party], timeout)
+            stall = spec.stall_timeout if spec.stall_timeout is not None else self.stall_seconds
+            await self._supervise([party], timeout, stall, every_party=False)
             opened = read_party_output(output_file(spec.workdir, spec.party), spec.party, shape)
         finally:
             remove_share_copies(spec.workdir)
@@ -963,8 +977,18 @@ class MpSpdzEngine:
             peak_rss_bytes=party.peak_rss,
         )
 
-    async def _supervise(self, parties: list[_Party], timeout: float | None = None) -> None:
+    async def _supervise(
+        self, parties: list[_Party], timeout: float | None = None,
+        stall: float | None = None, *, every_party: bool = True,
+    ) -> None:
+        """Wait for the parties to end; the first failure stops them all. The run is
+        stopped at its time limit (``timeout``, else the engine's), and once no party
+        computed or printed for ``stall`` seconds (:mod:`ppfs.engines.stall`; None:
+        the engine's ``stall_seconds``). ``every_party``: ``parties`` are all of the
+        run's (embedded), so a stopped one can be named."""
         timeout = self.timeout if timeout is None else timeout
+        stall = self.stall_seconds if stall is None else stall
+        watch = StallWatch(stall) if stall and proc_available() else None
         waits = {asyncio.ensure_future(p.proc.wait()): p for p in parties}
         deadline = time.perf_counter() + timeout
         failed: _Party | None = None
@@ -977,7 +1001,9 @@ class MpSpdzEngine:
                         f"the MP-SPDZ run exceeded its time limit of {timeout:g} s"
                     )
                 done, pending = await asyncio.wait(
-                    pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                    pending, timeout=remaining if watch is None else min(remaining,
+                                                                         SAMPLE_SECONDS),
+                    return_when=asyncio.FIRST_COMPLETED
                 )
                 now = time.perf_counter()
                 for fut in done:
@@ -987,6 +1013,12 @@ class MpSpdzEngine:
                         failed = p
                 if failed is not None:
                     break
+                if watch is not None and pending:
+                    watch.observe(now, {p.index: sample_tree(p.proc.pid) for p in parties
+                                        if p.proc.returncode is None},
+                                  sum(p.out.taken + p.err.taken for p in parties))
+                    if watch.stalled:
+                        raise _stalled(parties, watch, every_party)
             if failed is not None and pending:
                 # let the others notice and stop on their own (and party 0 print why)
                 await asyncio.wait(pending, timeout=GRACE_SECONDS)
@@ -1034,6 +1066,35 @@ class MpSpdzEngine:
                 f"{_reason(bytes(culprit.err.kept))}; its log is in its working directory",
                 party=culprit.name,
             )
+
+
+def _stalled(parties: Sequence[_Party], watch: StallWatch, every_party: bool) -> EngineError:
+    """The error for a run that made no progress for ``watch.limit`` seconds."""
+    limit = f"{watch.limit:g} s"
+    stopped = sorted(watch.stopped)
+    if every_party and stopped:
+        names = ", ".join(f"{i} ({PARTY_NAMES[i]})" for i in stopped)
+        return StalledError(
+            f"the MP-SPDZ run made no progress for {limit}: party {names} is stopped "
+            "(its engine process is suspended), and the others wait for it; the run "
+            "stopped",
+            party=PARTY_NAMES[stopped[0]],
+        )
+    if stopped:  # a party daemon whose own engine is suspended: its own failure
+        name = PARTY_NAMES[parties[0].index]
+        return EngineError(
+            f"the MP-SPDZ run made no progress for {limit}: this party's ({name}) engine "
+            "process is stopped (suspended); the run stopped",
+            party=name,
+        )
+    who = ("no party computed or printed" if every_party else
+           "this party neither computed nor printed, waiting for its peers")
+    return StalledError(
+        f"the MP-SPDZ run made no progress for {limit} ({who}): a peer stopped answering "
+        "(its engine frozen, or its connection cut off"
+        + ("" if every_party else "; which peer cannot be seen from here")
+        + "); the run stopped"
+    )
 
 
 _PEER_FAILURE = re.compile(rb"probably because party ([0-9]+) encountered a problem")

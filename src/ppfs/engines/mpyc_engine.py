@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,13 @@ from ppfs.engines.mpyc_party import (
     EXIT_TIMEOUT,
     JOB_VERSION,
 )
+from ppfs.engines.stall import (
+    DEFAULT_STALL_SECONDS,
+    SAMPLE_SECONDS,
+    StallWatch,
+    proc_available,
+    sample_tree,
+)
 from ppfs.errors import (
     EngineError,
     EngineUnavailableError,
@@ -75,6 +83,7 @@ from ppfs.errors import (
     PeerLostError,
     RangeAbortError,
     SessionMismatchError,
+    StalledError,
     TimedOutError,
 )
 from ppfs.pki import CertificateAuthority, party_key_and_csr, write_cert
@@ -131,14 +140,20 @@ class _Worker:
     started: float
     drains: list[asyncio.Task[None]] = field(default_factory=list)
     ended: float | None = None
+    printed: int = 0  # bytes the worker wrote to its stdout and stderr so far
+
+    def took(self, n: int) -> None:
+        self.printed += n
 
     @property
     def name(self) -> str:
         return PARTY_NAMES[self.index]
 
 
-async def _drain(stream: asyncio.StreamReader | None, path: Path, cap: int) -> None:
-    """Copy a worker stream into ``path``, keeping at most ``cap`` bytes."""
+async def _drain(stream: asyncio.StreamReader | None, path: Path, cap: int,
+                 took: Callable[[int], None] | None = None) -> None:
+    """Copy a worker stream into ``path``, keeping at most ``cap`` bytes; ``took`` is
+    told the size of every chunk read."""
     if stream is None:
         return
     kept = 0
@@ -147,6 +162,8 @@ async def _drain(stream: asyncio.StreamReader | None, path: Path, cap: int) -> N
             chunk = await stream.read(65536)
             if not chunk:
                 break
+            if took is not None:
+                took(len(chunk))
             if kept < cap:
                 part = chunk[: cap - kept]
                 fh.write(part)
@@ -170,8 +187,11 @@ class MpycEngine:
         bind_host: str = "127.0.0.1",
         log_cap: int = LOG_CAP,
         peer_view: PeerView | None = None,
+        stall_seconds: float | None = DEFAULT_STALL_SECONDS,
     ) -> None:
         self.timeout = timeout
+        # stop a run in which no worker computed or printed for this long (None: never)
+        self.stall_seconds = stall_seconds
         self.start_timeout = start_timeout
         self.chunk = chunk
         self.bind_host = bind_host
@@ -234,7 +254,8 @@ class MpycEngine:
         try:
             for i, d in enumerate(dirs):
                 workers.append(await self._launch(i, d))
-            await self._watch(workers, t0 + timeout + WORKER_GRACE, progress)
+            await self._watch(workers, t0 + timeout + WORKER_GRACE, progress,
+                              self.stall_seconds)
             seconds = time.monotonic() - t0
             opened = self._read_output(dirs[0] / "opened.u64", shape, 0)
             stats = [self._party_stats(w) for w in workers]
@@ -277,7 +298,9 @@ class MpycEngine:
         workers: list[_Worker] = []
         try:
             workers.append(await self._launch(spec.party, spec.workdir))
-            await self._watch(workers, t0 + timeout + WORKER_GRACE, progress)
+            stall = spec.stall_timeout if spec.stall_timeout is not None else self.stall_seconds
+            await self._watch(workers, t0 + timeout + WORKER_GRACE, progress, stall,
+                              every_party=False)
             seconds = time.monotonic() - t0
             opened = self._read_output(spec.workdir / "opened.u64", shape, spec.party)
             stats = self._party_stats(workers[0])
@@ -380,8 +403,8 @@ class MpycEngine:
             fh.write(str(proc.pid))
         w = _Worker(i, d, proc, time.monotonic())
         w.drains = [
-            asyncio.create_task(_drain(proc.stdout, d / "worker.out", self.log_cap)),
-            asyncio.create_task(_drain(proc.stderr, d / "worker.err", self.log_cap)),
+            asyncio.create_task(_drain(proc.stdout, d / "worker.out", self.log_cap, w.took)),
+            asyncio.create_task(_drain(proc.stderr, d / "worker.err", self.log_cap, w.took)),
         ]
         log.info("[MpycEngine.launch] party=%s pid=%d", w.name, proc.pid)
         return w
@@ -389,8 +412,14 @@ class MpycEngine:
     # -- monitoring ------------------------------------------------------------
 
     async def _watch(self, workers: list[_Worker], deadline: float,
-                     progress: Progress | None) -> None:
+                     progress: Progress | None, stall: float | None = None, *,
+                     every_party: bool = True) -> None:
+        """Wait for the workers to end: the first failure, the ``deadline`` or ``stall``
+        seconds in which no worker computed or printed (:mod:`ppfs.engines.stall`;
+        None: never) stop the run. ``every_party``: ``workers`` are all of the run's."""
         waits = {asyncio.ensure_future(w.proc.wait()): w for w in workers}
+        watch = StallWatch(stall) if stall and proc_available() else None
+        next_sample = time.monotonic() + SAMPLE_SECONDS
         relayed = 0
         pending = set(waits)
         try:
@@ -415,6 +444,13 @@ class MpycEngine:
                     )
                 if pending and now > deadline:
                     raise TimedOutError("the MPyC run timed out; all parties were stopped")
+                if watch is not None and pending and now >= next_sample:
+                    next_sample = now + SAMPLE_SECONDS
+                    watch.observe(now, {w.index: sample_tree(w.proc.pid) for w in workers
+                                        if w.proc.returncode is None},
+                                  sum(w.printed + _status_size(w) for w in workers))
+                    if watch.stalled:
+                        raise _stalled(workers, watch, every_party)
         finally:
             for fut in pending:
                 fut.cancel()
@@ -523,3 +559,39 @@ class MpycEngine:
             bytes_sent = int(result.get("bytes_sent", 0))
             seconds = float(result.get("seconds", seconds))
         return PartyStats(w.name, w.proc.returncode, seconds, bytes_sent)
+
+
+def _status_size(w: _Worker) -> int:
+    """The size of a worker's status file (it appends a line per stage it reaches)."""
+    try:
+        return (w.directory / "status.txt").stat().st_size
+    except OSError:
+        return 0
+
+
+def _stalled(workers: list[_Worker], watch: StallWatch, every_party: bool) -> EngineError:
+    """The error for a run in which no worker computed or printed for ``watch.limit``."""
+    limit = f"{watch.limit:g} s"
+    stopped = sorted(watch.stopped)
+    if every_party and stopped:
+        names = ", ".join(PARTY_NAMES[i] for i in stopped)
+        return StalledError(
+            f"the MPyC run made no progress for {limit}: party {names} is stopped (its "
+            "worker process is suspended), and the others wait for it; the run stopped",
+            party=PARTY_NAMES[stopped[0]],
+        )
+    if stopped:  # a party daemon whose own worker is suspended: its own failure
+        name = workers[0].name
+        return EngineError(
+            f"the MPyC run made no progress for {limit}: this party's ({name}) worker "
+            "process is stopped (suspended); the run stopped",
+            party=name,
+        )
+    who = ("no party computed or printed" if every_party else
+           "this party neither computed nor printed, waiting for its peers")
+    return StalledError(
+        f"the MPyC run made no progress for {limit} ({who}): a peer stopped answering "
+        "(its engine frozen, or its connection cut off"
+        + ("" if every_party else "; which peer cannot be seen from here")
+        + "); the run stopped"
+    )

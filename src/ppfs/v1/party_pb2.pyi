@@ -42,6 +42,7 @@ class FailureKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_KIND_SESSION: _ClassVar[FailureKind]
     FAILURE_KIND_RESTARTED: _ClassVar[FailureKind]
     FAILURE_KIND_OUT_OF_RANGE: _ClassVar[FailureKind]
+    FAILURE_KIND_STALLED: _ClassVar[FailureKind]
 UPLOAD_STATUS_UNSPECIFIED: UploadStatus
 UPLOAD_STATUS_STAGED: UploadStatus
 UPLOAD_STATUS_COMMITTED: UploadStatus
@@ -66,6 +67,7 @@ FAILURE_KIND_CANCELLED: FailureKind
 FAILURE_KIND_SESSION: FailureKind
 FAILURE_KIND_RESTARTED: FailureKind
 FAILURE_KIND_OUT_OF_RANGE: FailureKind
+FAILURE_KIND_STALLED: FailureKind
 
 class GetIdentityRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,170 @@
+"""The stall watch (ppfs.engines.stall): a run whose parties neither compute nor print
+for the stall limit is stopped, one in which any watched process computes is not.
+
+The sampler reads a process tree's CPU time from /proc (a busy child against a sleeping
+one); the decision is pure (an injected clock and samples)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ppfs.contract import FailureKind, failure_kind
+from ppfs.engines.stall import StallWatch, TreeSample, proc_available, sample_tree
+from ppfs.errors import StalledError
+
+needs_proc = pytest.mark.skipif(not proc_available(),
+                                reason="no Linux /proc here: the stall watch is off")
+
+# a parent (like the pdeathsig launcher with --peak-rss) that waits for a child it starts
+_PARENT = ("import subprocess, sys; "
+           "subprocess.run([sys.executable, '-c', sys.argv[1]])")
+_BUSY = "while True: pass"
+_SLEEPING = "import time; time.sleep(60)"
+
+
+def _spawn(child_code: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", _PARENT, child_code])
+
+
+def _cpu_over(pid: int, seconds: float) -> tuple[TreeSample, TreeSample]:
+    first = sample_tree(pid)
+    assert first is not None
+    time.sleep(seconds)
+    last = sample_tree(pid)
+    assert last is not None
+    return first, last
+
+
+def _child_of(proc: subprocess.Popen[bytes]) -> int:
+    """The child the parent started (waited for), once both have finished starting."""
+    deadline = time.monotonic() + 10
+    while True:
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+            kids = fh.read().split()
+        if kids:
+            time.sleep(0.3)
+            return int(kids[0])
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def _end(proc: subprocess.Popen[bytes], child: int | None) -> None:
+    if child is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    proc.kill()
+    proc.wait()
+
+
+@needs_proc
+def test_the_sampler_counts_a_busy_descendant_and_not_a_sleeping_one() -> None:
+    busy, sleeping = _spawn(_BUSY), _spawn(_SLEEPING)
+    kids: list[int | None] = [None, None]
+    try:
+        kids = [_child_of(busy), _child_of(sleeping)]
+        b0, b1 = _cpu_over(busy.pid, 1.0)
+        s0, s1 = _cpu_over(sleeping.pid, 1.0)
+        # the busy grandchild's CPU is the parent tree's (the parent itself only waits)
+        assert b1.cpu_seconds - b0.cpu_seconds > 0.3
+        assert s1.cpu_seconds - s0.cpu_seconds < 0.05
+        assert not b1.stopped and not s1.stopped
+    finally:
+        for p, kid in zip((busy, sleeping), kids, strict=True):
+            _end(p, kid)
+    for p in (busy, sleeping):
+        assert sample_tree(p.pid) is None  # a process that is gone is not sampled
+
+
+@needs_proc
+def test_the_sampler_sees_a_stopped_descendant() -> None:
+    proc = _spawn(_SLEEPING)
+    child: int | None = None
+    try:
+        child = _child_of(proc)
+        assert not (s := sample_tree(proc.pid)) or not s.stopped
+        os.kill(child, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while not (s := sample_tree(proc.pid)) or not s.stopped:
+            assert time.monotonic() < deadline, s
+            time.sleep(0.02)
+    finally:
+        _end(proc, child)
+
+
+# ---- the decision, pure ---------------------------------------------------------------
+
+
+def _idle(cpu: float, stopped: bool = False) -> TreeSample:
+    return TreeSample(cpu, stopped)
+
+
+def test_a_run_in_which_nothing_happens_stalls_after_the_limit() -> None:
+    w = StallWatch(limit=10.0)
+    for t in range(0, 10, 3):  # 0, 3, 6, 9: less than 10 s without progress
+        w.observe(float(t), {0: _idle(1.0), 1: _idle(2.0)}, printed=100)
+        assert not w.stalled
+    w.observe(12.0, {0: _idle(1.0), 1: _idle(2.0)}, printed=100)
+    assert w.stalled and w.idle_seconds(12.0) == 12.0
+    assert w.stopped == frozenset()
+
+
+def test_cpu_within_the_noise_allowance_is_no_progress() -> None:
+    w = StallWatch(limit=6.0)
+    cpu = 1.0
+    for t in range(0, 13, 3):
+        cpu += 0.01  # a timer's wake-ups: 0.3 % of a CPU
+        w.observe(float(t), {0: _idle(cpu)}, printed=0)
+    assert w.stalled
+
+
+def test_a_slow_peer_that_computes_is_never_cut() -> None:
+    # one watched party computes for an hour while the others wait (no output at all):
+    # never stalled, whatever the limit
+    w = StallWatch(limit=6.0)
+    busy = 0.0
+    for t in range(0, 3600, 3):
+        busy += 0.5  # a sixth of a CPU, well above the allowance
+        w.observe(float(t), {0: _idle(5.0), 1: _idle(busy), 2: _idle(7.0)}, printed=0)
+        assert not w.stalled, t
+
+
+def test_output_alone_is_progress() -> None:
+    w = StallWatch(limit=6.0)
+    for n, t in enumerate(range(0, 60, 3)):
+        w.observe(float(t), {0: _idle(1.0)}, printed=n)  # a line every sample
+        assert not w.stalled
+    w.observe(63.0, {0: _idle(1.0)}, printed=19)
+    w.observe(66.0, {0: _idle(1.0)}, printed=19)
+    assert w.stalled  # six seconds since the last line
+
+
+def test_progress_restarts_the_count_and_stopped_parties_are_reported() -> None:
+    w = StallWatch(limit=6.0)
+    w.observe(0.0, {0: _idle(1.0), 1: _idle(1.0)}, printed=0)
+    w.observe(3.0, {0: _idle(1.0), 1: _idle(1.0)}, printed=0)
+    w.observe(5.0, {0: _idle(2.0), 1: _idle(1.0)}, printed=0)  # party 0 computed
+    w.observe(9.0, {0: _idle(2.0), 1: _idle(1.0, stopped=True)}, printed=0)
+    assert not w.stalled and w.idle_seconds(9.0) == 4.0
+    w.observe(11.0, {0: _idle(2.0), 1: _idle(1.0, stopped=True)}, printed=0)
+    assert w.stalled and w.stopped == frozenset({1})
+
+
+def test_a_party_gone_between_samples_is_no_progress() -> None:
+    w = StallWatch(limit=4.0)
+    w.observe(0.0, {0: _idle(1.0), 1: _idle(1.0)}, printed=0)
+    w.observe(3.0, {0: _idle(1.0), 1: None}, printed=0)
+    w.observe(6.0, {0: _idle(1.0), 1: None}, printed=0)
+    assert w.stalled
+
+
+def test_a_stall_is_its_own_failure_kind_that_blames_no_reporter() -> None:
+    kind = failure_kind(StalledError("no progress"))
+    assert kind is FailureKind.STALLED
+    assert kind.collective and not kind.symptom
