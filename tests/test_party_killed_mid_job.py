@@ -18,6 +18,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -195,4 +196,54 @@ def test_a_party_killed_before_the_engines_connect_is_named_before_their_time_ou
         assert done["error"] == "lost the connection to Carol", done
         assert time.monotonic() - t0 < BOUND
     finally:
+        s.close()
+
+
+# the honest parties' stall limit in the case below: their engines stop once they have
+# neither computed nor printed this long
+STALL = 4.0
+
+
+def test_a_party_whose_engine_alone_freezes_fails_the_job_blaming_nobody(
+    tmp_path: Path, cache: Path,
+) -> None:
+    # Carol's engine freezes (SIGSTOP of its processes) while her daemon keeps answering
+    # that the job runs, as a corrupted party could make it: the gateway never finds her
+    # silent, and the others' engines wait on her without end (but for the run's time
+    # limit, hours). Their stall watch ends the run; Carol's own is off (a corrupted
+    # party would not report itself). The job fails within seconds, saying that a peer
+    # stopped answering, and names no honest party as the one that failed.
+    cluster = DaemonCluster(3, tmp_path, engines=("mp-spdz",), mpspdz_cache=cache,
+                            stall_timeout=STALL)
+    cluster.dep.settings[2] = replace(cluster.dep.settings[2], stall_timeout=0.0)
+    s = make_stack(tmp_path, cluster=cluster)
+    frozen: list[int] = []
+    try:
+        job_id, pid = _job_into_the_run(s, 2)
+        frozen = _descendants(pid)  # the engine and its launcher, not the daemon
+        assert frozen
+        for p in frozen:
+            os.kill(p, signal.SIGSTOP)
+        t0 = time.monotonic()
+        done = wait_final(s.client("analyst-1"), job_id, timeout=BOUND)
+        took = time.monotonic() - t0
+        print(f"failed {took:.1f} s after the freeze: {done['error']}; parties: "
+              f"{[(p['state'], p['failure_kind'], p['error']) for p in done['parties']]}")
+        assert done["state"] == "failed", done
+        assert took < BOUND
+        error = done["error"]
+        assert "made no progress" in error and "a peer stopped answering" in error, done
+        assert "no party is blamed" in error, done
+        for honest in ("Alice", "Bob"):
+            assert f"{honest} failed" not in error, done
+        assert done["failure_kind"] == "stalled", done
+        # an honest party that reports the stall names no culprit; one whose engine
+        # stopped when the other's did reports a lost peer (a symptom)
+        kinds = {p["failure_kind"] for i, p in enumerate(done["parties"])
+                 if i != 2 and p["state"] == "failed"}
+        assert "stalled" in kinds and kinds <= {"stalled", "peer_lost"}, done
+    finally:
+        for p in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
         s.close()
