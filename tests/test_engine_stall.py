@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -168,3 +169,53 @@ def test_a_stall_is_its_own_failure_kind_that_blames_no_reporter() -> None:
     kind = failure_kind(StalledError("no progress"))
     assert kind is FailureKind.STALLED
     assert kind.collective and not kind.symptom
+
+
+# ---- the limits' settings ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--timeout", "0"], "--timeout 0: give 0 < SECONDS"),
+    (["--timeout", "-5"], "--timeout -5: give 0 < SECONDS"),
+    (["--stall-timeout", "-1"], "--stall-timeout -1: give 0 <= SECONDS"),
+    (["--stall-timeout", "1e9"], "--stall-timeout 1e+09: give 0 <= SECONDS"),
+])
+def test_select_refuses_a_limit_out_of_range(tmp_path, capsys, args, message) -> None:
+    from ppfs_cli.main import main
+
+    csv = tmp_path / "good.csv"
+    csv.write_text("a,b,y\n" + "".join(f"{i},{i % 3},{i % 2}\n" for i in range(20)))
+    rc = main(["select", str(csv), "--label", "y", "--k", "1", "--engine", "mpyc", *args,
+               "--workdir", str(tmp_path / "w")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, err
+    assert message in err[-1], err
+    assert not (tmp_path / "w").exists()  # nothing was started
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("stall_timeout", -1.0, "stall_timeout (--stall-timeout) must be 0 .. 86400"),
+    ("stall_timeout", 90_000.0, "stall_timeout (--stall-timeout) must be 0 .. 86400"),
+    ("job_timeout", 0.0, "job_timeout (--job-timeout) must be more than 0"),
+])
+def test_party_settings_refuse_a_limit_out_of_range(tmp_path, field, value, message) -> None:
+    from ppfs_party.config import PartySettings
+
+    from ppfs.errors import ParameterError
+
+    with pytest.raises(ParameterError, match=re.escape(message)):
+        PartySettings(state_dir=tmp_path, index=0, **{field: value})
+    assert PartySettings(state_dir=tmp_path, index=0, stall_timeout=0.0).stall_timeout == 0.0
+
+
+def test_party_serve_takes_the_stall_limit(tmp_path) -> None:
+    import argparse
+
+    from ppfs_party.commands import _settings, add_commands
+
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers())
+    argv = ["party", "serve", "--state-dir", str(tmp_path), "--index", "1"]
+    assert _settings(parser.parse_args(argv)).stall_timeout is None  # the engine's default
+    args = parser.parse_args([*argv, "--stall-timeout", "120"])
+    assert _settings(args).stall_timeout == 120.0

@@ -25,6 +25,7 @@ from ppfs.errors import (
     RangeAbortError,
     SessionMismatchError,
     ShareFormatError,
+    StalledError,
     TimedOutError,
 )
 
@@ -142,6 +143,7 @@ def test_combination_parse():
     (SessionMismatchError("other session"), FailureKind.SESSION),
     (PeerLostError("peer gone"), FailureKind.PEER_LOST),
     (TimedOutError("too slow"), FailureKind.TIMEOUT),
+    (StalledError("no progress"), FailureKind.STALLED),
     (ParameterError("bad k"), FailureKind.REFUSED),
     (ShareFormatError("bad share"), FailureKind.REFUSED),
     (EngineError("crashed"), FailureKind.OWN),
@@ -156,7 +158,7 @@ def test_symptoms_and_collective_kinds():
     symptoms = {k for k in FailureKind if k.symptom}
     assert symptoms == {FailureKind.PEER_LOST, FailureKind.SESSION, FailureKind.CANCELLED}
     assert {k for k in FailureKind if k.collective} == {
-        FailureKind.OUT_OF_RANGE, FailureKind.INTEGRITY}
+        FailureKind.OUT_OF_RANGE, FailureKind.INTEGRITY, FailureKind.STALLED}
     assert not symptoms & {k for k in FailureKind if k.collective}
 
 

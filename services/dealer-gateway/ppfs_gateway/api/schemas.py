@@ -313,7 +313,8 @@ class JobOut(BaseModel):
     error: str
     failure_kind: str = Field(
         default="", description="why a failed or cancelled job did not succeed: own, "
-        "peer_lost, timeout, integrity, refused, session, restarted, party_lost, cancelled, other"
+        "peer_lost, timeout, stalled (no progress: a peer stopped answering), integrity, "
+        "out_of_range, refused, session, restarted, party_lost, cancelled, other"
     )
     submitter: str
     dataset_ids: list[str]
