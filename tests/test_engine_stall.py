@@ -219,3 +219,58 @@ def test_party_serve_takes_the_stall_limit(tmp_path) -> None:
     assert _settings(parser.parse_args(argv)).stall_timeout is None  # the engine's default
     args = parser.parse_args([*argv, "--stall-timeout", "120"])
     assert _settings(args).stall_timeout == 120.0
+
+
+# ---- what a stalled run says ------------------------------------------------------------
+
+
+def _stalled_watch(stopped: set[int], parties: int = 3) -> StallWatch:
+    w = StallWatch(limit=300.0)
+    for t in (0.0, 150.0, 300.0):
+        w.observe(t, {i: _idle(1.0, stopped=i in stopped) for i in range(parties)}, 0)
+    assert w.stalled
+    return w
+
+
+@pytest.mark.parametrize("engine", ["mp-spdz", "mpyc"])
+def test_every_party_on_one_machine_names_the_stopped_one(engine) -> None:
+    from types import SimpleNamespace
+
+    from ppfs.engines import mpspdz, mpyc_engine
+
+    parties = [SimpleNamespace(index=i, name=n) for i, n in enumerate(("Alice", "Bob", "Carol"))]
+    stalled = mpspdz._stalled if engine == "mp-spdz" else mpyc_engine._stalled
+    err = stalled(parties, _stalled_watch({1}), True)
+    assert isinstance(err, StalledError) and err.party == "Bob"
+    assert "made no progress for 300 s" in str(err) and "Bob" in str(err)
+    assert "is stopped" in str(err)
+    # none stopped: nobody is named (the run stalled all the same)
+    err = stalled(parties, _stalled_watch(set()), True)
+    assert isinstance(err, StalledError) and err.party is None
+    assert "a peer stopped answering" in str(err)
+    assert not any(n in str(err) for n in ("Alice", "Bob", "Carol"))
+
+
+@pytest.mark.parametrize("engine", ["mp-spdz", "mpyc"])
+def test_a_party_daemon_names_no_peer_but_its_own_suspended_engine(engine) -> None:
+    from types import SimpleNamespace
+
+    from ppfs.engines import mpspdz, mpyc_engine
+
+    own = [SimpleNamespace(index=1, name="Bob")]
+    stalled = mpspdz._stalled if engine == "mp-spdz" else mpyc_engine._stalled
+    # waiting on its peers: it cannot see which froze, and says so, naming nobody
+    err = stalled(own, _stalled_watch(set(), parties=1), False)
+    assert isinstance(err, StalledError) and err.party is None
+    assert failure_kind(err) is FailureKind.STALLED
+    text = str(err)
+    assert "a peer stopped answering" in text and "cannot be seen from here" in text
+    assert not any(n in text for n in ("Alice", "Bob", "Carol", "Dave"))
+    # its own engine suspended: that is its own failure, and it says so
+    watch = StallWatch(limit=300.0)
+    for t in (0.0, 150.0, 300.0):
+        watch.observe(t, {1: _idle(1.0, stopped=True)}, 0)
+    err = stalled(own, watch, False)
+    assert not isinstance(err, StalledError) and err.party == "Bob"
+    assert failure_kind(err) is FailureKind.OWN
+    assert "this party's (Bob)" in str(err) and "stopped (suspended)" in str(err)
