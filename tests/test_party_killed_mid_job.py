@@ -26,6 +26,7 @@ import pytest
 from service_fakes import DaemonCluster, Stack, horizontal_setup, make_stack, wait_final
 
 from ppfs.engines.mpspdz import MpSpdzEngine
+from ppfs.engines.mpyc_engine import MpycEngine
 from ppfs.engines.registry import mpspdz_home
 
 _reason = MpSpdzEngine(mpspdz_home()).unavailable_reason()
@@ -242,6 +243,55 @@ def test_a_party_whose_engine_alone_freezes_fails_the_job_blaming_nobody(
         kinds = {p["failure_kind"] for i, p in enumerate(done["parties"])
                  if i != 2 and p["state"] == "failed"}
         assert "stalled" in kinds and kinds <= {"stalled", "peer_lost"}, done
+    finally:
+        for p in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+        s.close()
+
+
+@pytest.mark.skipif(MpycEngine().unavailable_reason() is not None,
+                    reason=f"MPyC not available: {MpycEngine().unavailable_reason()}")
+def test_a_party_whose_mpyc_worker_alone_freezes_fails_the_job_blaming_nobody(
+    tmp_path: Path,
+) -> None:
+    # the same on MPyC: its workers left waiting on a suspended peer use no CPU either,
+    # and its own time limit (from the job's shape) is minutes to hours away
+    cluster = DaemonCluster(3, tmp_path, engines=("mpyc",), stall_timeout=STALL)
+    cluster.dep.settings[2] = replace(cluster.dep.settings[2], stall_timeout=0.0)
+    s = make_stack(tmp_path, cluster=cluster)
+    frozen: list[int] = []
+    try:
+        _, ids, _ = horizontal_setup(s, m=3000, p=16)
+        box = s.keys["analyst-1"].box_public_key
+        for owner, ds in zip(("owner-a", "owner-b"), ids, strict=True):
+            s.client(owner).consent(s.keys[owner], ds, "analyst-1", box)
+        analyst = s.client("analyst-1")
+        job = analyst.submit(s.keys["analyst-1"], ids, label="label", k=2, engine="mpyc",
+                             security="passive-3pc")
+        server = s.cluster.servers[2]
+        assert server is not None
+        deadline = time.monotonic() + 120
+        while True:  # into the computation: past the connections and the session check
+            now = analyst.get_job(job["id"])
+            assert now["state"] in ("queued", "running"), now
+            if "mean-split" in now["parties"][2]["phase"] and _descendants(server.proc.pid):
+                break
+            assert time.monotonic() < deadline, now
+            time.sleep(0.02)
+        frozen = _descendants(server.proc.pid)  # the worker, not the daemon
+        for p in frozen:
+            os.kill(p, signal.SIGSTOP)
+        t0 = time.monotonic()
+        done = wait_final(analyst, job["id"], timeout=BOUND)
+        assert done["state"] == "failed", done
+        assert time.monotonic() - t0 < BOUND
+        error = done["error"]
+        assert "MPyC run made no progress" in error and "a peer stopped answering" in error, done
+        assert "no party is blamed" in error, done
+        for honest in ("Alice", "Bob"):
+            assert f"{honest} failed" not in error, done
+        assert done["failure_kind"] == "stalled", done
     finally:
         for p in frozen:
             with contextlib.suppress(ProcessLookupError):
