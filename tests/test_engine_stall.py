@@ -274,3 +274,11 @@ def test_a_party_daemon_names_no_peer_but_its_own_suspended_engine(engine) -> No
     assert not isinstance(err, StalledError) and err.party == "Bob"
     assert failure_kind(err) is FailureKind.OWN
     assert "this party's (Bob)" in str(err) and "stopped (suspended)" in str(err)
+
+
+def test_without_proc_there_is_no_watch(monkeypatch, tmp_path) -> None:
+    import ppfs.engines.stall as stall
+
+    monkeypatch.setattr(stall, "_PROC", str(tmp_path / "no-proc"))
+    assert not stall.proc_available()
+    assert stall.sample_tree(os.getpid()) is None
