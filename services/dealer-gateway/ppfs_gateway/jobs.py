@@ -115,6 +115,12 @@ def _symptom(st: pb.JobStatus) -> bool:
     return kind is not None and kind.symptom
 
 
+def _stalled(st: pb.JobStatus) -> bool:
+    """A run that made no progress: its reporter waited on a peer it cannot name, and the
+    peer whose engine stopped may report that as its own failure a few seconds later."""
+    return FailureKind.from_proto(st.failure) is FailureKind.STALLED
+
+
 def failure_reason(party: str, st: pb.JobStatus) -> str:
     """The job's reason when ``party`` reports a failure: the party is named as the one
     that failed, except for a collective kind, which names it only as the reporter."""
@@ -723,8 +729,8 @@ class JobCoordinator:
             return
         if state == "failed":
             reason = failure_reason(c.name, st)
-            if _symptom(st):
-                reason = await self._blame(job_id, c, reason)
+            if _symptom(st) or _stalled(st):
+                reason = await self._blame(job_id, c, reason, _stalled(st))
             elif FailureKind.from_proto(st.failure) is FailureKind.RESTARTED:
                 reason = await self._all_stopped(job_id, c, reason)
             await self._fail(job_id, reason)
@@ -741,11 +747,16 @@ class JobCoordinator:
                 log.info("[Gateway.Job] job=%s succeeded", job_id)
                 self._notify(job_id)
 
-    async def _blame(self, job_id: str, reporter: PartyClient, reason: str) -> str:
+    async def _blame(self, job_id: str, reporter: PartyClient, reason: str,
+                     reported_stall: bool = False) -> str:
         """A party whose engine stopped because a peer went away is a symptom: look for the
         cause (a party that is unreachable, or failed for a reason of its own) for a few
-        seconds before naming the reporter."""
+        seconds before naming the reporter. A stall (the reporter's or another party's)
+        is no cause either: every party left waiting reports one, and the party whose
+        engine was stopped reports its own failure after the same stall limit, a sample
+        or two apart; only without a cause does the job fail as stalled, blaming nobody."""
         deadline = time.monotonic() + BLAME_SECONDS
+        stalled: str | None = None  # another party's stall, failing any cause
         while True:
             for other in self.parties.clients:
                 if other is reporter:
@@ -756,10 +767,13 @@ class JobCoordinator:
                     return f"{other.name} does not know the job"
                 except GatewayError:
                     return f"lost the connection to {other.name}"
-                if st.state == pb.JOB_STATE_FAILED and not _symptom(st):
+                if st.state == pb.JOB_STATE_FAILED and _stalled(st):
+                    stalled = stalled or failure_reason(other.name, st)
+                elif st.state == pb.JOB_STATE_FAILED and not _symptom(st):
                     return failure_reason(other.name, st)
             if time.monotonic() >= deadline or self._final(job_id):
-                return reason
+                # the reporter's own stall says the same, naming it as the reporter
+                return stalled if stalled is not None and not reported_stall else reason
             await asyncio.sleep(0.5)
 
     async def _all_stopped(self, job_id: str, reporter: PartyClient, reason: str) -> str:

@@ -1,0 +1,83 @@
+"""A party that reports its run stalled (FAILURE_KIND_STALLED: it waited on a peer that
+stopped answering, and cannot see which) does not settle a job's blame on its own.
+
+When one party's engine process is stopped (SIGSTOP, a machine swapping it out), the
+honest peers' stall watches fire, and so does that party's own watch, which sees its own
+process stopped and reports a failure of its own: all after the same stall limit, a few
+seconds apart. The gateway must name that party whichever report arrives first, as it
+does for a lost peer, rather than end the job "blaming nobody" on the first stall."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ppfs_client.sdk import GatewayClient
+from service_fakes import Stack, horizontal_setup, make_stack, wait_final
+
+from ppfs.v1 import party_pb2 as pb
+
+STALLED = ("the MP-SPDZ run made no progress for 600 s (this party neither computed nor "
+           "printed, waiting for its peers): a peer stopped answering; the run stopped")
+OWN = ("the MP-SPDZ run made no progress for 600 s: this party's (Carol) engine process "
+       "is stopped (suspended); the run stopped")
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    s = make_stack(tmp_path)
+    s.cluster.hold = True  # jobs run until released
+    yield s
+    s.close()
+
+
+def _running(analyst: GatewayClient, job_id: str) -> None:
+    deadline = time.monotonic() + 30
+    while analyst.get_job(job_id)["state"] != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def _report(s: Stack, job_id: str, party: int, failure: int, error: str) -> None:
+    async def go() -> None:
+        s.cluster.parties[party].set(job_id, state=pb.JOB_STATE_FAILED, phase="failed",
+                                     error=error, failure=failure)
+    s.loop.run(go())
+
+
+def _started(s: Stack) -> str:
+    _, ids, _ = horizontal_setup(s, m=20, p=4)
+    job = s.client("analyst-1").submit(s.keys["analyst-1"], ids, label="label", k=2,
+                                       engine="mpyc")
+    job_id = str(job["id"])
+    _running(s.client("analyst-1"), job_id)
+    return job_id
+
+
+def test_a_stall_reported_first_still_names_the_party_whose_engine_stopped(
+    stack: Stack,
+) -> None:
+    job_id = _started(stack)
+    _report(stack, job_id, 0, pb.FAILURE_KIND_STALLED, STALLED)  # Alice waited on Carol
+    time.sleep(1.0)  # Carol's own watch fires a sample or two later
+    _report(stack, job_id, 2, pb.FAILURE_KIND_OWN, OWN)
+    final = wait_final(stack.client("analyst-1"), job_id)
+    assert final["state"] == "failed"
+    assert final["error"].startswith("Carol failed: "), final["error"]
+    assert "no party is blamed" not in final["error"]
+
+
+def test_a_lost_peer_finding_a_stall_keeps_looking_for_the_cause(stack: Stack) -> None:
+    job_id = _started(stack)
+    # Alice lost Bob's engine as it stopped, Bob's watch having fired; Carol's own
+    # failure (her engine was the one stopped) comes a little later
+    _report(stack, job_id, 0, pb.FAILURE_KIND_PEER_LOST, "lost its peer Bob")
+    time.sleep(0.2)
+    _report(stack, job_id, 1, pb.FAILURE_KIND_STALLED, STALLED)
+    time.sleep(1.0)
+    _report(stack, job_id, 2, pb.FAILURE_KIND_OWN, OWN)
+    final = wait_final(stack.client("analyst-1"), job_id)
+    assert final["error"].startswith("Carol failed: "), final["error"]
+
