@@ -875,7 +875,9 @@ def job_failure_kind(job: JobRecord) -> str:
     if job.state != "failed":
         return ""
     kinds = [p.failure for p in job.parties if p.failure]
-    own = [k for k in kinds if k not in ("peer_lost", "session", "cancelled")]
+    # a stall is what the parties left waiting report: the kind of a party named, or a
+    # lost party, comes before it, whichever party is listed first
+    own = [k for k in kinds if k not in ("peer_lost", "session", "cancelled", "stalled")]
     if own:
         return own[0]
     err = job.error
@@ -885,4 +887,6 @@ def job_failure_kind(job: JobRecord) -> str:
         return "refused"
     if "program hashes" in err:
         return "integrity"
+    if "stalled" in kinds:
+        return "stalled"
     return kinds[0] if kinds else "other"
