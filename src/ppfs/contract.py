@@ -146,8 +146,14 @@ class FailureKind(enum.StrEnum):
 
     @classmethod
     def from_proto(cls, value: int) -> FailureKind | None:
-        name = pb.FailureKind.Name(value).removeprefix("FAILURE_KIND_")
-        return None if name == "UNSPECIFIED" else cls[name]
+        """The kind, None when unspecified or unknown here: a newer party's kind (as
+        STALLED was to every gateway before it) reads as a failure of no stated kind,
+        the reporter's own, rather than as an error that leaves its job running."""
+        try:
+            name = pb.FailureKind.Name(value).removeprefix("FAILURE_KIND_")
+        except ValueError:
+            return None
+        return cls.__members__.get(name)
 
 
 def failure_kind(exc: BaseException) -> FailureKind:
