@@ -574,3 +574,136 @@ def test_a_consent_asking_for_a_minimum_of_own_rows_signs_it_apart_and_counts_on
               {("owner-a", "ds"): 3})
     # a consent asking for rows in all only is counted as before
     assert check([dataclasses.replace(plain, min_rows=100).sign(key)], {}) == []
+
+
+def test_a_consent_naming_security_settings_signs_them_apart_and_refuses_other_settings():
+    """Consent.securities: signed under a purpose of its own only when set (a consent
+    without it is the statement signed before, byte for byte, v1 to v3); a job in a
+    setting the owner's consents do not allow is refused, naming the owner, the setting
+    and the settings allowed; such a consent carried beside one that serves is one the
+    job cannot rely on, not padding a party lets through."""
+    import base64
+    import dataclasses
+    import json
+
+    from nacl.signing import SigningKey
+
+    from ppfs.contract import (
+        CONSENT_PURPOSE,
+        CONSENT_PURPOSE_MIN_OWN_ROWS,
+        CONSENT_PURPOSE_MIN_ROWS,
+        CONSENT_PURPOSE_SECURITIES,
+        Combination,
+        Consent,
+        ConsentError,
+        JobContract,
+        PinnedDataset,
+        PinnedUpload,
+        Reveal,
+        check_consents,
+        consent_securities,
+        unrelied_consent,
+    )
+    from ppfs.step2a import Security
+
+    key, recipient = SigningKey.generate(), bytes(range(32))
+    plain = Consent("owner-a", "ds", "analyst", recipient, Reveal.SELECTION,
+                    created_at="2025-01-01T00:00:00Z")
+    # without settings, the statements of before, byte for byte (v1, v2 and v3)
+    head = b'{"created_at":"2025-01-01T00:00:00Z","dataset_id":"ds",'
+    tail = (b'"owner_id":"owner-a","purpose":"ppfs consent v%d","recipient":"analyst",'
+            b'"recipient_public_key":"' + base64.b64encode(recipient) + b'",'
+            b'"reveal":"selection"}')
+    assert plain.securities == frozenset()
+    assert plain.to_bytes() == head + tail % 1
+    assert dataclasses.replace(plain, min_rows=100).to_bytes() == (
+        head + b'"min_rows":100,' + tail % 2)
+    assert dataclasses.replace(plain, min_own_rows=10).to_bytes() == (
+        head + b'"min_own_rows":10,' + tail % 3)
+    for old in (tail % 1, b'"min_rows":100,' + tail % 2, b'"min_own_rows":10,' + tail % 3):
+        assert Consent.from_bytes(head + old).securities == frozenset()
+    # with them, under a purpose none of those: a party that does not read the settings
+    # refuses it as malformed rather than run the job in a setting not allowed
+    assert CONSENT_PURPOSE_SECURITIES not in (
+        CONSENT_PURPOSE, CONSENT_PURPOSE_MIN_ROWS, CONSENT_PURPOSE_MIN_OWN_ROWS)
+    active = consent_securities(["active-4pc", "active-3pc"])
+    assert active == frozenset({Security.ACTIVE_3PC, Security.ACTIVE_4PC})
+    only_active = dataclasses.replace(plain, securities=active)
+    assert only_active.to_bytes() == (
+        head + b'"owner_id":"owner-a","purpose":"ppfs consent v4","recipient":"analyst",'
+        b'"recipient_public_key":"' + base64.b64encode(recipient) + b'",'
+        b'"reveal":"selection","securities":["active-3pc","active-4pc"]}')
+    assert Consent.from_bytes(only_active.sign(key).statement) == only_active
+    floors = dataclasses.replace(only_active, min_rows=100, min_own_rows=10)
+    d = json.loads(floors.to_bytes())
+    assert (d["purpose"], d["min_rows"], d["min_own_rows"]) == (
+        CONSENT_PURPOSE_SECURITIES, 100, 10)
+    assert Consent.from_bytes(floors.to_bytes()) == floors
+    assert [only_active.allows(s) for s in Security] == [s.active for s in Security]
+    assert all(plain.allows(s) for s in Security)
+    for bad_names in ([], ["passive-5pc"], ["active-3pc", "ACTIVE-4PC"]):
+        with pytest.raises(ValueError, match="security setting"):
+            consent_securities(bad_names)
+    for bad in ({"active-3pc"}, ("active-3pc",), [Security.ACTIVE_3PC]):
+        with pytest.raises(ValueError):
+            dataclasses.replace(plain, securities=bad).to_bytes()
+    v4 = json.loads(only_active.to_bytes())
+    malformed = [v4 | {"securities": bad} for bad in (
+        [], None, "active-3pc", ["active-3pc", "active-3pc"], ["active-5pc"], [3],
+        {"active-3pc": 1}, ["active-3pc", None])]
+    malformed += [
+        {k: v for k, v in v4.items() if k != "securities"},  # v4 states its settings
+        v4 | {"purpose": CONSENT_PURPOSE},  # v1 to v3 have no such field
+        v4 | {"purpose": CONSENT_PURPOSE_MIN_ROWS, "min_rows": 100},
+        v4 | {"purpose": CONSENT_PURPOSE_MIN_OWN_ROWS, "min_own_rows": 10},
+        v4 | {"min_rows": 1}, v4 | {"min_own_rows": "10"},
+        v4 | {"purpose": "ppfs consent v5"},
+    ]
+    for stated in malformed:
+        with pytest.raises(ConsentError, match="malformed"):
+            Consent.from_bytes(json.dumps(stated).encode())
+
+    job = JobContract(
+        job_id="j", datasets=(PinnedDataset("ds", (PinnedUpload("u0", "0" * 64, 10),)),),
+        combination=Combination.HORIZONTAL, label_column="y", k=1,
+        security=Security.PASSIVE_3PC, engine="mpyc", frac_bits=16, recipient="analyst",
+        recipient_public_key=recipient, mask_upload_id="m", m=10, p=5, classes=2)
+
+    def check(consents, security=Security.PASSIVE_3PC, used=None):
+        j = dataclasses.replace(job, security=security, consents=tuple(consents))
+        spent = check_consents(j, {"ds": ["owner-a"]}, {"owner-a": bytes(key.verify_key)},
+                               "analyst", recipient, used, rows={"ds": 10},
+                               own_rows={("owner-a", "ds"): 10})
+        return spent, unrelied_consent(j, {"ds": ["owner-a"]})
+
+    active_signed = only_active.sign(key)
+    with pytest.raises(ConsentError, match=r"^no consent to reveal the selection to 'analyst' "
+                       r"from owner 'owner-a' for data set 'ds' \(its consent does not allow "
+                       r"the security setting passive-3pc; it allows active-3pc, "
+                       r"active-4pc\)$"):
+        check([active_signed])
+    assert check([active_signed], Security.ACTIVE_3PC) == ([], None)
+    assert check([active_signed], Security.ACTIVE_4PC) == ([], None)
+    # of two consents naming other settings, each setting they allow is named
+    p4 = dataclasses.replace(plain, securities=frozenset({Security.PASSIVE_4PC})).sign(key)
+    with pytest.raises(ConsentError, match=r"allows active-3pc, active-4pc, passive-4pc\)$"):
+        check([active_signed, p4])
+    # a limited one allowing the setting, all used: its use is named
+    limited = dataclasses.replace(only_active, max_jobs=1).sign(key)
+    with pytest.raises(ConsentError, match=r"allows 1 job, all used\)$"):
+        check([limited], Security.ACTIVE_3PC, used={limited.digest: 1})
+    # beside one allowing the job's setting, all used: another setting would serve
+    spent = dataclasses.replace(plain, max_jobs=1).sign(key)
+    with pytest.raises(ConsentError, match=r"does not allow the security setting "
+                       r"passive-3pc; it allows active-3pc, active-4pc\)$"):
+        check([spent, active_signed], used={spent.digest: 1})
+    # a consent allowing only other settings, carried beside one that serves: the job
+    # relies on the one that serves, and the other is one it cannot rely on (a gateway
+    # relays none such); the party refuses the job for carrying it
+    plain_signed = plain.sign(key)
+    assert check([plain_signed]) == ([], None)
+    assert check([active_signed, plain_signed]) == ([], (
+        "the job carries a consent of 'owner-a' for data set 'ds' to 'analyst' that it "
+        "cannot rely on (it does not allow the security setting passive-3pc)"))
+    # in a setting both allow, each could serve
+    assert check([active_signed, plain_signed], Security.ACTIVE_3PC) == ([], None)

@@ -42,7 +42,7 @@ import enum
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -81,6 +81,10 @@ CONSENT_PURPOSE_MIN_ROWS = "ppfs consent v2"
 # counts only the rows in all refuses it rather than running a job on a few of the
 # owner's rows padded with another owner's
 CONSENT_PURPOSE_MIN_OWN_ROWS = "ppfs consent v3"
+# a consent naming the security settings it allows (Consent.securities), with or without
+# either minimum of rows: a purpose of its own again, so that a party that does not read
+# the settings refuses it rather than run the job in a setting its owner did not allow
+CONSENT_PURPOSE_SECURITIES = "ppfs consent v4"
 RESULT_PURPOSE = "ppfs result v1"
 REQUEST_PURPOSE = "ppfs job request v1"
 ENGINES = ("mp-spdz", "mpyc")
@@ -356,6 +360,20 @@ def utc_time(text: str) -> dt.datetime:
     return dt.datetime.strptime(text, TIME_FORMAT).replace(tzinfo=dt.UTC)
 
 
+def consent_securities(names: Iterable[str | Security]) -> frozenset[Security]:
+    """The security settings ``names`` name (as :attr:`Consent.securities`): each one
+    of ppfs's, at least one; ValueError naming the others."""
+    wanted = [n.value if isinstance(n, Security) else str(n).strip() for n in names]
+    known = {s.value: s for s in Security}
+    unknown = [n for n in wanted if n not in known]
+    if unknown or not wanted:
+        raise ValueError(
+            (f"unknown security setting {unknown[0][:40]!r}; " if unknown else
+             "name at least one security setting; ")
+            + f"choose among {', '.join(known)}")
+    return frozenset(known[n] for n in wanted)
+
+
 @dataclass(frozen=True)
 class Consent:
     """An owner's permission: jobs on ``dataset_id`` may reveal ``reveal`` to the
@@ -376,7 +394,13 @@ class Consent:
     data set: stacked with other data sets (horizontal), the owner's rows are among the
     job's rows; joined by columns with other data sets (vertical), each of the owner's
     rows is one of the job's rows, its columns beside the other data sets' on the same
-    row. Both minimums may be set; each must be met."""
+    row. Both minimums may be set; each must be met.
+
+    With ``securities`` (a non-empty set of security settings), only jobs run in one of
+    them, as the job's signed description states it: an owner who trusts the parties to
+    be an honest majority but not to follow the protocol allows the active settings
+    only, where a corrupted party cannot change the result undetected nor make a job's
+    abort depend on the data. Empty, any setting the recipient asks for."""
 
     owner_id: str
     dataset_id: str
@@ -391,6 +415,13 @@ class Consent:
     # 0 no minimum: left out of the signed form; set, it is signed under
     # CONSENT_PURPOSE_MIN_OWN_ROWS (with min_rows beside it if that is set too)
     min_own_rows: int = 0
+    # empty: any setting, left out of the signed form; set, it is signed (sorted by name)
+    # under CONSENT_PURPOSE_SECURITIES, with the minimums beside it if they are set
+    securities: frozenset[Security] = frozenset()
+
+    def allows(self, security: Security) -> bool:
+        """Whether a job in this security setting may rely on the consent."""
+        return not self.securities or security in self.securities
 
     def to_bytes(self) -> bytes:
         if not (_SUBJECT.match(self.owner_id) and _SUBJECT.match(self.recipient)):
@@ -398,7 +429,7 @@ class Consent:
                              "(letters, digits, '.', '_', '-')")
         if not _ID.match(self.dataset_id):
             raise ValueError("a consent names its data set by id")
-        d: dict[str, str | int] = {
+        d: dict[str, str | int | list[str]] = {
             "purpose": CONSENT_PURPOSE, "owner_id": self.owner_id,
             "dataset_id": self.dataset_id, "recipient": self.recipient,
             "recipient_public_key": _b64(self.recipient_public_key),
@@ -427,6 +458,13 @@ class Consent:
         if self.min_own_rows:
             d["purpose"] = CONSENT_PURPOSE_MIN_OWN_ROWS
             d["min_own_rows"] = self.min_own_rows
+        if not isinstance(self.securities, frozenset) or not all(
+                isinstance(s, Security) for s in self.securities):
+            raise ValueError("a consent names the security settings it allows as a set of "
+                             "ppfs security settings")
+        if self.securities:
+            d["purpose"] = CONSENT_PURPOSE_SECURITIES
+            d["securities"] = sorted(s.value for s in self.securities)
         return _canonical(d)
 
     @classmethod
@@ -444,18 +482,31 @@ class Consent:
                     raise ValueError
                 return int(n)
 
-            # a minimum the purpose does not state: not one a party would skip
+            # a limit the purpose does not state: not one a party would skip
+            securities: frozenset[Security] = frozenset()
             if d["purpose"] == CONSENT_PURPOSE:
-                if "min_rows" in d or "min_own_rows" in d:
+                if "min_rows" in d or "min_own_rows" in d or "securities" in d:
                     raise ValueError
                 min_rows = min_own_rows = 0
             elif d["purpose"] == CONSENT_PURPOSE_MIN_ROWS:
-                if "min_own_rows" in d:
+                if "min_own_rows" in d or "securities" in d:
                     raise ValueError
                 min_rows, min_own_rows = rows("min_rows"), 0
             elif d["purpose"] == CONSENT_PURPOSE_MIN_OWN_ROWS:
+                if "securities" in d:
+                    raise ValueError
                 min_rows = rows("min_rows") if "min_rows" in d else 0
                 min_own_rows = rows("min_own_rows")
+            elif d["purpose"] == CONSENT_PURPOSE_SECURITIES:
+                min_rows = rows("min_rows") if "min_rows" in d else 0
+                min_own_rows = rows("min_own_rows") if "min_own_rows" in d else 0
+                named = d["securities"]
+                # settings this version knows, each once, at least one
+                if (type(named) is not list or not named
+                        or not all(type(s) is str for s in named)
+                        or len(set(named)) != len(named)):
+                    raise ValueError
+                securities = frozenset(Security(s) for s in named)
             else:
                 raise ValueError
             key = base64.b64decode(d["recipient_public_key"], validate=True)
@@ -472,7 +523,7 @@ class Consent:
                 raise ValueError
             return cls(str(d["owner_id"]), str(d["dataset_id"]), str(d["recipient"]), key,
                        Reveal(d["reveal"]), str(d["created_at"]), expires, max_jobs,
-                       min_rows, min_own_rows)
+                       min_rows, min_own_rows, securities)
         except (ValueError, KeyError, TypeError, binascii.Error):
             raise ConsentError("a consent statement is malformed") from None
 
@@ -537,7 +588,10 @@ def check_consents(
     own rows (:attr:`Consent.min_own_rows`) counts for nothing, an owner and data set
     missing from ``own_rows`` counting as none. A consent short of either minimum is
     named with each minimum it misses (the least of the owner's consents), as more rows
-    pinned would serve it."""
+    pinned would serve it. A consent that does not allow the job's security setting
+    (:attr:`Consent.securities`, as the job's description states the setting) counts
+    for nothing either, and is named with the settings it allows; the job is refused
+    too for carrying it beside one that serves (:func:`unrelied_consent`)."""
     if not job.recipient:
         raise ConsentError("the job names no recipient")
     if mask_owner != job.recipient or mask_recipient_key != job.recipient_public_key:
@@ -553,6 +607,8 @@ def check_consents(
     spent: dict[tuple[str, str], int] = {}  # its limit, all used
     short: dict[tuple[str, str], int] = {}  # the least minimum of rows the job misses
     short_own: dict[tuple[str, str], int] = {}  # the same, of the owner's own rows
+    # the settings the owner's consents allow, none of them the job's
+    other_settings: dict[tuple[str, str], set[Security]] = {}
     pinned = rows or {}
     pinned_own = own_rows or {}
     for sc in dict.fromkeys(job.consents):  # one consent relayed many times counts once
@@ -574,6 +630,9 @@ def check_consents(
             expired.add(who)
         elif c.max_jobs and used.get(sc.digest, 0) >= c.max_jobs:
             spent[who] = c.max_jobs
+        elif not c.allows(job.security):
+            # usable in another setting: named next to the rows, as another would serve
+            other_settings.setdefault(who, set()).update(c.securities)
         elif few or few_own:
             # usable but for the rows: named first below, as more rows would serve
             if few:
@@ -594,6 +653,10 @@ def check_consents(
                 f" (its consent asks for at least {short_own[who]} rows of the owner's own "
                 f"uploads; the job pins {pinned_own.get(who, 0)} of them)"
                 if who in short_own else ""))
+        if who in other_settings:
+            allowed = ", ".join(sorted(s.value for s in other_settings[who]))
+            return (f" (its consent does not allow the security setting {job.security.value}; "
+                    f"it allows {allowed})")
         if who in spent:
             n = spent[who]
             return f" (its consent allows {n} job{'s' if n > 1 else ''}, all used)"
@@ -618,9 +681,9 @@ def unrelied_consent(job: JobContract, upload_owners: Mapping[str, Sequence[str]
     """Why one of the consents the job carries is none it can rely on, or None when each
     could serve it: for one of its data sets, from an owner of an upload it pins of that
     data set (``upload_owners``, as in :func:`check_consents`), to its recipient and
-    result key, allowing what it reveals. A gateway relays no other (it holds every
-    consent it was ever given, to other recipients and for other data sets); a party
-    keeps a job's consents with its record."""
+    result key, allowing what it reveals and its security setting. A gateway relays no
+    other (it holds every consent it was ever given, to other recipients and for other
+    data sets); a party keeps a job's consents with its record."""
     for sc in job.consents:
         c = sc.consent
         if c.dataset_id not in upload_owners:
@@ -633,6 +696,10 @@ def unrelied_consent(job: JobContract, upload_owners: Mapping[str, Sequence[str]
             why = "for another result key"
         elif not c.reveal.covers(job.training is not None):
             why = "it does not allow the model the job trains"
+        elif not c.allows(job.security):
+            # static in the job's description like what it reveals: a gateway can tell,
+            # and relays none (padding that could never serve, whatever else is carried)
+            why = f"it does not allow the security setting {job.security.value}"
         else:
             continue
         return (f"the job carries a consent of {c.owner_id!r} for data set {c.dataset_id!r} "

@@ -10,10 +10,11 @@ the job's recipient and key and what the job reveals, not expired and, for a con
 limited to a number of jobs, with one left here, and for a consent asking for a
 minimum of rows, with at least that many pinned of the data set as the manifests held
 here count them, and for one asking for a minimum of the owner's own rows, with at
-least that many pinned from the uploads whose manifests that owner signed; the mask
-upload was signed by
-that recipient for that key; and no consent it carries is one the job cannot rely on:
-another data set, recipient or key) and the recipient's request (ppfs.contract.check_request:
+least that many pinned from the uploads whose manifests that owner signed, and for one
+naming the security settings it allows, with the job's among them; the mask upload was
+signed by that recipient for that key; and no consent it carries is one the job cannot
+rely on: another data set, recipient or key, or a security setting it does not allow)
+and the recipient's request (ppfs.contract.check_request:
 the job's parameters are exactly those the recipient signed). The gateway's own checks
 are not relied on. It then
 records the job (queued, durably) and answers at once. Compiling the program is the
