@@ -51,6 +51,7 @@ from party_harness import (
     watch_to_end,
 )
 from ppfs_cli.main import main
+from ppfs_client.sdk import ApiError
 from ppfs_party.server import start_party_server
 from service_fakes import RealCluster, Stack, horizontal_setup, make_stack, wait_final
 from starlette.applications import Starlette
@@ -67,6 +68,8 @@ from ppfs.contract import (
     SignedConsent,
     service_shape,
 )
+from ppfs.engines.mpspdz import MpSpdzEngine
+from ppfs.engines.registry import mpspdz_home
 from ppfs.fixedpoint import FixedPoint
 from ppfs.keycert import (
     KeyStatement,
@@ -78,7 +81,7 @@ from ppfs.keycert import (
 )
 from ppfs.pki import CertificateAuthority
 from ppfs.scoring import Scorer
-from ppfs.step2a import draw_mask_words, mirror, unmask_all
+from ppfs.step2a import Security, draw_mask_words, mirror, unmask_all
 from ppfs.synthetic import make_table
 from ppfs.upload import Manifest
 from ppfs.v1 import party_pb2
@@ -1148,6 +1151,202 @@ def test_consent_command_signs_a_minimum_of_own_rows_and_lists_it(
     rc, out, err = run(capsys, stack, url, "analyst-1", "datasets", "consents", ids[1])
     assert rc == 0 and "at least 15 rows; at least 6 rows of the owner's own uploads" \
         in out, out
+
+
+_mpspdz_reason = MpSpdzEngine(mpspdz_home()).unavailable_reason()
+
+
+def test_a_consent_for_active_settings_only_refuses_a_passive_job_at_every_party(
+    tmp_path: Path,
+) -> None:
+    """owner-a trusts the parties to be an honest majority, not to follow the protocol:
+    its consent allows active-3pc and active-4pc only. A corrupted analyst asks for
+    passive-3pc (where one corrupted party could change the result undetected and make
+    the job's abort depend on the data) and a turned gateway (its mutual-TLS identity on
+    the parties) relays the job as asked: every party refuses it, naming the owner, the
+    setting and the settings allowed, before anything runs; padded with another consent
+    of the owner's that allows passive-3pc, it is refused all the same, the consent not
+    allowing the setting named as one the job cannot rely on. The same job in
+    active-3pc under the same consent is accepted."""
+    async def scenario() -> None:
+        dep = Deployment.create(tmp_path, 3, engines=("mpyc", "mp-spdz"))
+        async with _serving(dep) as stubs:
+            box = [(await st.GetIdentity(party_pb2.GetIdentityRequest())).box_public_key
+                   for st in stubs]
+            t = make_table(12, 3, seed=4)
+            fp = FixedPoint()
+            exps = fp.choose_exponents(t.x, t.columns)
+            owner, rec = dep.add_owner("owner-a"), dep.add_owner("analyst")
+            data = data_upload(owner, box, fp.encode(t.x, exps, t.columns), t.columns, exps,
+                               dataset_id="ds", upload_id="u1", onehot=t.one_hot(),
+                               label_column=t.label_column, classes=t.classes)
+            masks = [mask_upload(rec, box, np.zeros((1, 2), dtype=np.uint64),
+                                 dataset_id="m", upload_id=f"m{i}") for i in range(4)]
+            for up in (data, *masks):
+                for i, st in enumerate(stubs):
+                    await st.PutUploadPart(upload_messages(up, i))
+            ana = bytes(rec.box.public_key)
+            active_only = Consent("owner-a", "ds", "analyst", ana, Reveal.SELECTION,
+                                  securities=frozenset({Security.ACTIVE_3PC,
+                                                        Security.ACTIVE_4PC})
+                                  ).sign(owner.key)
+            # an earlier consent of the owner's for the model, any setting
+            any_setting = Consent("owner-a", "ds", "analyst", ana, Reveal.MODEL
+                                  ).sign(owner.key)
+
+            def job(n: int, security: str, engine: str, consents: list[Any]) -> Any:
+                return describe_job(f"j{n}", [[data]], mask=masks[n], k=1, security=security,
+                                    engine=engine, recipient_public_key=ana,
+                                    peers=dep.peer_addresses(), consents=consents)
+
+            cases = [
+                (job(0, "passive-3pc", "mpyc", [active_only]),
+                 "no consent to reveal the selection to 'analyst' from owner 'owner-a' for "
+                 "data set 'ds' (its consent does not allow the security setting "
+                 "passive-3pc; it allows active-3pc, active-4pc)"),
+                (job(1, "passive-3pc", "mpyc", [active_only, any_setting]),
+                 "the job carries a consent of 'owner-a' for data set 'ds' to 'analyst' that "
+                 "it cannot rely on (it does not allow the security setting passive-3pc)"),
+            ]
+            if _mpspdz_reason is None:  # the same downgrade on the engine of the active ones
+                cases.append((job(2, "passive-3pc", "mp-spdz", [active_only]),
+                              cases[0][1]))
+            for desc, says in cases:
+                for st in stubs:
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await st.StartJob(start_requests(desc))
+                    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                    assert info.value.details() == says, info.value.details()
+                    with pytest.raises(grpc.aio.AioRpcError):  # nothing runs
+                        await st.GetJob(party_pb2.GetJobRequest(job_id=desc.job_id))
+            for st_dir in (s.state_dir for s in dep.settings):
+                audit = [json.loads(x) for x in (st_dir / "audit.log").read_text().splitlines()]
+                assert not [e for e in audit if e["event"] == "job.accepted"]
+                refused = [e for e in audit if e["event"] == "job.refused"]
+                assert [e["job_id"] for e in refused] == [d.job_id for d, _ in cases]
+                assert all(e["failure"] == "refused" for e in refused)
+            if _mpspdz_reason is not None:
+                pytest.skip(f"the active run needs MP-SPDZ: {_mpspdz_reason}")
+            # active-3pc, as the owner allows: accepted by every party
+            ok = job(3, "active-3pc", "mp-spdz", [active_only])
+            for st in stubs:
+                await st.StartJob(start_requests(ok))
+            for st in stubs:
+                await st.CancelJob(party_pb2.CancelJobRequest(job_id="j3"))
+            for st_dir in (s.state_dir for s in dep.settings):
+                audit = [json.loads(x) for x in (st_dir / "audit.log").read_text().splitlines()]
+                assert [(e["job_id"], e["security"]) for e in audit
+                        if e["event"] == "job.accepted"] == [("j3", "active-3pc")]
+
+    asyncio.run(scenario())
+
+
+def test_the_gateway_relays_only_consents_allowing_the_jobs_setting_and_says_why_not(
+    stack: Stack,
+) -> None:
+    """The gateway's own filter (a courtesy: every party checks the setting itself): a
+    job in a setting an owner's consents do not allow is refused at submission, naming
+    the owner, the data set and the settings allowed, before any mask is uploaded; a
+    consent not allowing the job's setting is not relayed beside one that does (every
+    party would refuse the job for carrying it)."""
+    _, ids, _ = horizontal_setup(stack, m=20, p=4, seed=7)
+    a, b, analyst = (stack.client(s) for s in ("owner-a", "owner-b", "analyst-1"))
+    box = stack.keys["analyst-1"].box_public_key
+    jobs_before = len(analyst.list_jobs())
+    masks_before = [d["id"] for d in analyst.list_datasets("mask")]
+    a.consent(stack.keys["owner-a"], ids[0], "analyst-1", box, securities=["active-3pc"])
+    b.consent(stack.keys["owner-b"], ids[1], "analyst-1", box,
+              securities="active-3pc,active-4pc")
+    with pytest.raises(ApiError) as info:
+        analyst.submit(stack.keys["analyst-1"], ids, label="label", k=1, engine="mpyc",
+                       security="passive-3pc")
+    assert info.value.status == 422  # at validation: before any mask is uploaded
+    assert ("security: the consent of 'owner-a' for data set "
+            f"{ids[0]!r} does not allow passive-3pc; it allows active-3pc (--security)"
+            ) in info.value.detail, info.value.detail
+    assert len(analyst.list_jobs()) == jobs_before  # no job, no masks
+    assert [d["id"] for d in analyst.list_datasets("mask")] == masks_before
+
+    def relayed(job_id: str) -> set[tuple[str, str, tuple[str, ...]]]:
+        desc = stack.cluster.parties[0].jobs[job_id].desc
+        return {(c.owner_id, c.reveal.value, tuple(sorted(s.value for s in c.securities)))
+                for c in (SignedConsent(x.statement, x.signature).consent
+                          for x in desc.consents)}
+
+    # owner-a also consents to the model, in any setting: owner-b's consent is named now
+    a.consent(stack.keys["owner-a"], ids[0], "analyst-1", box, Reveal.MODEL)
+    with pytest.raises(ApiError) as info:
+        analyst.submit(stack.keys["analyst-1"], ids, label="label", k=1, engine="mpyc",
+                       security="passive-3pc")
+    assert (f"the consent of 'owner-b' for data set {ids[1]!r} does not allow passive-3pc; "
+            "it allows active-3pc, active-4pc") in info.value.detail, info.value.detail
+    # active-3pc: every consent allows it, every one relayed
+    job = analyst.submit(stack.keys["analyst-1"], ids, label="label", k=1,
+                         engine="mp-spdz", security="active-3pc")
+    assert wait_final(analyst, job["id"])["state"] == "succeeded"
+    assert relayed(job["id"]) == {
+        ("owner-a", "selection", ("active-3pc",)), ("owner-a", "selection+model", ()),
+        ("owner-b", "selection", ("active-3pc", "active-4pc"))}
+    # owner-b allows any setting for the model too: passive-3pc runs on the two consents
+    # that allow it, the ones for active settings only left out
+    b.consent(stack.keys["owner-b"], ids[1], "analyst-1", box, Reveal.MODEL)
+    job = analyst.submit(stack.keys["analyst-1"], ids, label="label", k=1, engine="mpyc",
+                         security="passive-3pc")
+    assert wait_final(analyst, job["id"])["state"] == "succeeded"
+    assert relayed(job["id"]) == {("owner-a", "selection+model", ()),
+                                  ("owner-b", "selection+model", ())}
+
+
+def test_consent_command_signs_security_settings_and_lists_them(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, ids, _ = horizontal_setup(stack, m=20, p=4, seed=7)
+    url = stack.gateway.url
+    box = base64.b64encode(stack.keys["analyst-1"].box_public_key).decode()
+
+    def consent(owner: str, ds: str, *more: str) -> tuple[int, str, str]:
+        return run(capsys, stack, url, owner, "datasets", "consent", ds, "--recipient",
+                   "analyst-1", "--recipient-key", box, *more)
+
+    for bad in (["--security", "passive-5pc"], ["--security", ""], ["--security", ","],
+                ["--security", "active-3pc", "--active-only"]):
+        with pytest.raises(SystemExit):
+            consent("owner-a", ids[0], *bad)
+    assert stack.client("analyst-1").list_consents(ids[0]) == []
+    rc, out, err = consent("owner-a", ids[0], "--security", "active-4pc, active-3pc",
+                           "--min-rows", "10")
+    assert rc == 0, err
+    assert (f"owner-a lets analyst-1 learn the selection of jobs run in active-3pc or "
+            f"active-4pc on {ids[0]} pinning at least 10 rows of it") in out, out
+    listed = stack.client("analyst-1").list_consents(ids[0])
+    assert [(c["owner_id"], c["min_rows"], c["securities"]) for c in listed] == [
+        ("owner-a", 10, ["active-3pc", "active-4pc"])]
+    rc, out, err = run(capsys, stack, url, "analyst-1", "datasets", "consents", ids[0])
+    assert rc == 0 and "at least 10 rows; only in active-3pc or active-4pc" in out, out
+    from ppfs_gateway.registry import Registry
+
+    statement = Registry(stack.gateway.settings.db_path).consents(ids[0])[0].statement
+    assert json.loads(statement)["purpose"] == "ppfs consent v4"
+    assert SignedConsent(statement, b"").consent.securities == {Security.ACTIVE_3PC,
+                                                                 Security.ACTIVE_4PC}
+    # --active-only: the active settings; without either, any setting (a v1 statement)
+    rc, out, err = consent("owner-b", ids[1], "--active-only", "--max-jobs", "2")
+    assert rc == 0 and ("learn the selection of 2 jobs run in active-3pc or active-4pc "
+                        f"on {ids[1]}") in out, out
+    rc, out, err = consent("owner-b", ids[1], "--model")
+    assert rc == 0 and "jobs run in" not in out, out
+    rc, out, err = run(capsys, stack, url, "analyst-1", "datasets", "consents", ids[1])
+    assert rc == 0, err
+    assert "at most 2 jobs; no minimum of rows; only in active-3pc or active-4pc" in out, out
+    assert "any number of jobs; no minimum of rows; any security setting" in out, out
+    rc, out, err = run(capsys, stack, url, "analyst-1", "datasets", "consents", ids[1],
+                       "--json")
+    assert rc == 0, err
+    assert sorted((c["reveal"], c["securities"]) for c in json.loads(out)) == [
+        ("selection", ["active-3pc", "active-4pc"]), ("selection+model", [])]
+    stored = Registry(stack.gateway.settings.db_path).consents(ids[1])
+    assert sorted(json.loads(c.statement)["purpose"] for c in stored) == [
+        "ppfs consent v1", "ppfs consent v4"]
 
 
 def test_a_consent_for_one_job_serves_one_job_through_the_gateway(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from ppfs.contract import (
     MIN_CONSENT_ROWS,
     TIME_FORMAT,
     Reveal,
+    consent_securities,
     utc_time,
 )
 from ppfs.errors import InputDataError, ParameterError, PpfsError
@@ -42,6 +43,7 @@ from ppfs.jobflags import (
 )
 from ppfs.keycert import ANCHOR_ENV, TrustAnchor
 from ppfs.pki import RENEW_WITHIN
+from ppfs.step2a import Security
 from ppfs.table import read_csv, read_features
 from ppfs_client.keys import ClientKeys
 from ppfs_client.progress import (
@@ -201,6 +203,20 @@ def add_commands(sub: Any) -> None:
         "owners' rows do not count), so that a co-owner working with the gateway cannot "
         "pad --min-rows with rows it knows while your uploads are held back. Parties of an "
         "earlier version refuse such a consent. Without it, any number of your rows",
+    )
+    settings = consent.add_mutually_exclusive_group()
+    settings.add_argument(
+        "--security", metavar="SETTINGS", type=_securities, default=None,
+        help="the consent serves only jobs run in one of these security settings, "
+        "comma-separated (e.g. active-3pc,active-4pc); every party checks the setting of "
+        "the job itself. In a passive setting a corrupted party can change the result "
+        "undetected and make a job's abort depend on the data. Parties of an earlier "
+        "version refuse such a consent. Without it, any setting the recipient asks for",
+    )
+    settings.add_argument(
+        "--active-only", dest="security", action="store_const",
+        const=tuple(s.value for s in Security if s.active),
+        help="the same as --security " + ",".join(s.value for s in Security if s.active),
     )
     _conn_args(consent)
     consent.set_defaults(func=_datasets_consent)
@@ -673,7 +689,7 @@ def _datasets_consents(args: argparse.Namespace) -> int:
             + (f"until {inline(c['expires_at'])}" if c.get("expires_at")
                                   else "no expiry")
             + "; " + (f"at most {n} job{'s' if n > 1 else ''}" if n else "any number of jobs")
-            + "; " + _row_floors(c))
+            + "; " + _row_floors(c) + "; " + _settings(c))
     _out(args, got, "\n".join(lines))
     return 0
 
@@ -684,6 +700,21 @@ def _row_floors(c: dict[str, Any]) -> str:
     floors = ([f"at least {rows} rows"] if rows else []) + (
         [f"at least {own} rows of the owner's own uploads"] if own else [])
     return "; ".join(floors) or "no minimum of rows"
+
+
+def _settings(c: dict[str, Any]) -> str:
+    """The security settings a listed consent allows."""
+    named = [inline(str(s)) for s in c.get("securities") or []]
+    return f"only in {' or '.join(named)}" if named else "any security setting"
+
+
+def _securities(text: str) -> tuple[str, ...]:
+    """--security: security setting names, comma-separated, at least one."""
+    try:
+        chosen = consent_securities(n for n in text.split(",") if n.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return tuple(sorted(s.value for s in chosen))
 
 
 def _max_jobs(text: str) -> int:
@@ -726,7 +757,8 @@ def _datasets_consent(args: argparse.Namespace) -> int:
         c = client.consent(keys, args.dataset_id, args.recipient,
                            _public_key(args.recipient_key), reveal,
                            expires_at=args.expires or "", max_jobs=args.max_jobs,
-                           min_rows=args.min_rows, min_own_rows=args.min_own_rows)
+                           min_rows=args.min_rows, min_own_rows=args.min_own_rows,
+                           securities=args.security or ())
     until = f" until {inline(c['expires_at'])}" if c.get("expires_at") else ""
     n = int(c.get("max_jobs", 0))
     jobs = f"{n} job{'s' if n > 1 else ''}" if n else "jobs"
@@ -734,8 +766,10 @@ def _datasets_consent(args: argparse.Namespace) -> int:
     floors = ([f"at least {rows} rows of it"] if rows else []) + (
         [f"at least {own} rows of {inline(c['owner_id'])}'s own uploads"] if own else [])
     least = f" pinning {' and '.join(floors)}" if floors else ""
+    named = [inline(str(s)) for s in c.get("securities") or []]
+    run = f" run in {' or '.join(named)}" if named else ""
     _out(args, c, f"{inline(c['owner_id'])} lets {inline(c['recipient'])} learn the "
-         f"{inline(c['reveal'])} of {jobs} on {inline(c['dataset_id'])}{least}{until}")
+         f"{inline(c['reveal'])} of {jobs}{run} on {inline(c['dataset_id'])}{least}{until}")
     return 0
 
 

@@ -40,6 +40,7 @@ from ppfs.contract import (
     ResultRejected,
     ResultStatement,
     Reveal,
+    consent_securities,
     open_result,
     open_result_statement,
     service_shape,
@@ -624,7 +625,7 @@ class GatewayClient:
     def consent(
         self, keys: ClientKeys, dataset_id: str, recipient: str, recipient_key: bytes,
         reveal: Reveal = Reveal.SELECTION, expires_at: str = "", max_jobs: int = 0,
-        min_rows: int = 0, min_own_rows: int = 0,
+        min_rows: int = 0, min_own_rows: int = 0, securities: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Sign (with the owner's key) and store a consent: jobs on this data set may
         reveal ``reveal`` to ``recipient`` holding ``recipient_key`` (with ``expires_at``,
@@ -632,14 +633,18 @@ class GatewayClient:
         counted by every party; with ``min_rows``: only for jobs that pin at least that
         many rows of the data set, counted by every party from the manifests it holds;
         with ``min_own_rows``: only for jobs that pin at least that many rows from the
-        owner's own uploads, other owners' rows not counted; parties of an earlier version
-        refuse such a consent). Every party checks it itself before it runs a job on the
-        owner's uploads."""
+        owner's own uploads, other owners' rows not counted; with ``securities``, security
+        setting names such as ``("active-3pc", "active-4pc")``: only for jobs run in one
+        of them; parties of an earlier version refuse such a consent). Every party checks
+        it itself before it runs a job on the owner's uploads."""
+        if isinstance(securities, str):  # "active-3pc,active-4pc", as on the command line
+            securities = securities.split(",")
         try:
             signed = Consent(keys.subject, dataset_id, recipient, recipient_key, reveal,
                              expires_at=expires_at, max_jobs=max_jobs,
-                             min_rows=min_rows, min_own_rows=min_own_rows
-                             ).sign(keys.signing)
+                             min_rows=min_rows, min_own_rows=min_own_rows,
+                             securities=consent_securities(securities) if securities
+                             else frozenset()).sign(keys.signing)
         except ValueError as exc:
             raise ParameterError(f"consent: {exc}") from None
         body = {"statement": base64.b64encode(signed.statement).decode(),

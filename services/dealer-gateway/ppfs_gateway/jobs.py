@@ -31,6 +31,8 @@ from typing import Any
 
 from ppfs.contract import (
     Combination,
+    Consent,
+    ConsentError,
     DatasetSchema,
     FailureKind,
     JobContract,
@@ -275,16 +277,35 @@ def plan_job(
     # The owners' consents for this recipient and key, as stored: the gateway relays every
     # one that covers the job (an owner may have given one for the selection and one for
     # the model, one of them expired), every party verifies them (signature, owner,
-    # recipient, key, what is revealed, expiry) and needs one valid per owner.
+    # recipient, key, what is revealed, the security setting, expiry) and needs one valid
+    # per owner. A consent that does not allow the job's security setting is not relayed:
+    # a party refuses a job carrying one, as one the job cannot rely on.
     training = training_from_body(spec.training)
     consents = []
     for ds in datasets:
         owners = set(registry.upload_owners(ds.id))
+        other_settings: dict[str, set[Security]] = {}  # owner -> settings its consents allow
+        allowing: set[str] = set()
         for c in registry.consents(ds.id):
             if (c.owner_id in owners and c.recipient == who.subject
                     and c.recipient_key == _b64(spec.recipient_public_key)
                     and Reveal(c.reveal).covers(training is not None)):
-                consents.append(SignedConsent(c.statement, c.signature))
+                try:
+                    stated = Consent.from_bytes(c.statement)
+                except ConsentError:
+                    continue  # stored before this version could read it: no party will
+                if stated.allows(security):
+                    allowing.add(c.owner_id)
+                    consents.append(SignedConsent(c.statement, c.signature))
+                else:
+                    other_settings.setdefault(c.owner_id, set()).update(stated.securities)
+        # an owner whose every consent for the job names other settings: every party would
+        # refuse the job, so say so now (the parties check it themselves all the same)
+        for owner in sorted(set(other_settings) - allowing):
+            allowed = sorted(s.value for s in other_settings[owner])
+            raise InvalidRequest(
+                f"security: the consent of {owner!r} for data set {ds.id!r} does not allow "
+                f"{security.value}; it allows {', '.join(allowed)} (--security)")
     # ParameterError on a bad shape or parameters; D' is never opened in service mode
     job = JobContract(
         job_id=job_id, datasets=tuple(pinned), combination=combination,

@@ -237,6 +237,8 @@ class ConsentOut(BaseModel):
     min_own_rows: int = Field(default=0, description="rows of the data set from the owner's "
                               "own uploads a job must pin, as each party counts them from "
                               "the manifests the owner signed; 0: no minimum")
+    securities: list[str] = Field(default_factory=list, description="the security settings "
+                                  "a job may run in, as each party checks them; empty: any")
 
 
 class TrainingIn(Strict):

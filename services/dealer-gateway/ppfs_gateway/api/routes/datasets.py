@@ -269,7 +269,8 @@ def consent_out(c: ConsentRecord) -> ConsentOut:
                       recipient_public_key=c.recipient_key,
                       reveal=c.reveal,  # type: ignore[arg-type]
                       expires_at=signed.expires_at, max_jobs=signed.max_jobs,
-                      min_rows=signed.min_rows, min_own_rows=signed.min_own_rows)
+                      min_rows=signed.min_rows, min_own_rows=signed.min_own_rows,
+                      securities=sorted(s.value for s in signed.securities))
 
 
 @router.post(
