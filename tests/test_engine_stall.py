@@ -282,3 +282,31 @@ def test_without_proc_there_is_no_watch(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(stall, "_PROC", str(tmp_path / "no-proc"))
     assert not stall.proc_available()
     assert stall.sample_tree(os.getpid()) is None
+
+
+@pytest.mark.parametrize("engine", ["mp-spdz", "mpyc"])
+def test_a_stall_carries_how_long_the_party_waited(engine) -> None:
+    # the gateway weighs a stall report against how long the other parties had waited
+    # when they lost the reporter's engine: the report says how long its reporter did
+    from types import SimpleNamespace
+
+    from ppfs.engines import mpspdz, mpyc_engine
+
+    own = [SimpleNamespace(index=1, name="Bob")]
+    stalled = mpspdz._stalled if engine == "mp-spdz" else mpyc_engine._stalled
+    err = stalled(own, _stalled_watch(set(), parties=1), False)
+    assert isinstance(err, StalledError) and err.waited == 300.0
+
+
+def test_a_job_status_reports_the_wait_only_when_known() -> None:
+    from ppfs_party.jobs import JobRecord
+    from ppfs_party.servicer import job_status
+
+    rec = JobRecord(job_id="j", description_hex="", description_sha256="", engine="mpyc",
+                    security="passive", state="failed", failure="peer_lost",
+                    ended_at="2026-01-01T00:00:00+00:00")
+    assert not job_status(rec).HasField("waited_seconds")  # unknown: absent, not 0
+    rec.waited_seconds = 2.5
+    assert job_status(rec).waited_seconds == 2.5
+    # a pruned record keeps it, with the rest of the job's public outcome
+    assert rec.pruned_record(0.0, 30.0).waited_seconds == 2.5

@@ -29,11 +29,16 @@ class EngineUnavailableError(PpfsError):
 
 
 class EngineError(PpfsError):
-    """An MPC run failed. ``party`` names the failing party when known."""
+    """An MPC run failed. ``party`` names the failing party when known. ``waited``: how
+    long this party's engine had been waiting (neither computing nor printing) when the
+    run stopped, as its stall watch saw it (:mod:`ppfs.engines.stall`); None where no
+    watch ran (its limit off, or no ``/proc``)."""
 
-    def __init__(self, message: str, party: str | None = None) -> None:
+    def __init__(self, message: str, party: str | None = None,
+                 waited: float | None = None) -> None:
         super().__init__(message)
         self.party = party
+        self.waited = waited
 
 
 class IntegrityError(EngineError):

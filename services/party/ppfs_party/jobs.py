@@ -166,6 +166,9 @@ class JobRecord:
     shape: dict[str, int] = field(default_factory=dict)
     mask_upload_id: str = ""
     failure: str = ""  # ppfs.contract.FailureKind value when failed or cancelled
+    # with a peer_lost or stalled failure: how long the engine had waited (neither
+    # computing nor printing) when its run stopped; None: unknown (no stall watch ran)
+    waited_seconds: float | None = None
     mpc_port: int = 0
     # columns, column_exponents, classes as verified from the owner-signed manifests
     verified: dict[str, list[object]] = field(default_factory=dict)
@@ -213,6 +216,7 @@ class JobRecord:
             progress=self.progress, error=self.error, program_sha256=self.program_sha256,
             seconds=self.seconds, bytes_sent=self.bytes_sent,
             mask_upload_id=self.mask_upload_id, failure=self.failure, mpc_port=self.mpc_port,
+            waited_seconds=self.waited_seconds,
             spent_consents=list(self.spent_consents), created_at=self.created_at,
             ended_at=_iso(self.ended()), pruned_at=_iso(at), pruned_after_days=days,
         )
@@ -671,8 +675,12 @@ class JobRunner:
                               failure=rec.failure)
         except PpfsError as exc:
             kind = failure_kind(exc)
+            waited = getattr(exc, "waited", None)
             await self._update(rec, state=FAILED, phase="failed", error=str(exc)[:500],
-                               failure=kind.value)
+                               failure=kind.value,
+                               waited_seconds=(float(waited) if waited is not None and kind in
+                                               (FailureKind.PEER_LOST, FailureKind.STALLED)
+                                               else None))
             self.audit.record("job.failed", job_id=job_id, reason=str(exc)[:500],
                               failure=kind.value)
             log.warning("[Party.job] job=%s failed: %s (%s)", job_id, type(exc).__name__,

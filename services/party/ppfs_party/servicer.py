@@ -74,13 +74,16 @@ def _signed_at(manifest: Manifest) -> str:
 
 
 def job_status(rec: JobRecord) -> party_pb2.JobStatus:
-    return party_pb2.JobStatus(
+    st = party_pb2.JobStatus(
         job_id=rec.job_id, state=JobState(rec.state).to_proto(), phase=rec.phase,
         progress=rec.progress, error=rec.error, program_sha256=rec.program_sha256,
         seconds=rec.seconds, bytes_sent=rec.bytes_sent,
         failure=(FailureKind(rec.failure).to_proto() if rec.failure
                  else party_pb2.FAILURE_KIND_UNSPECIFIED),
     )
+    if rec.waited_seconds is not None:  # absent: unknown
+        st.waited_seconds = max(0.0, rec.waited_seconds)
+    return st
 
 
 class PartyServicer(party_pb2_grpc.PartyServiceServicer):

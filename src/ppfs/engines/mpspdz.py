@@ -992,6 +992,7 @@ class MpSpdzEngine:
         waits = {asyncio.ensure_future(p.proc.wait()): p for p in parties}
         deadline = time.perf_counter() + timeout
         failed: _Party | None = None
+        waited: float | None = None
         try:
             pending = set(waits)
             while pending:
@@ -1011,6 +1012,9 @@ class MpSpdzEngine:
                     p.ended = now
                     if p.proc.returncode != 0 and failed is None:
                         failed = p
+                        # how long this party had waited when its run stopped: the
+                        # gateway weighs a peer's stall report against it
+                        waited = None if watch is None else watch.idle_seconds(now)
                 if failed is not None:
                     break
                 if watch is not None and pending:
@@ -1064,12 +1068,19 @@ class MpSpdzEngine:
             raise error(
                 f"MP-SPDZ party {culprit.index} ({culprit.name}) {why}"
                 f"{_reason(bytes(culprit.err.kept))}; its log is in its working directory",
-                party=culprit.name,
+                party=culprit.name, waited=waited,
             )
 
 
 def _stalled(parties: Sequence[_Party], watch: StallWatch, every_party: bool) -> EngineError:
     """The error for a run that made no progress for ``watch.limit`` seconds."""
+    error = _stalled_error(parties, watch, every_party)
+    error.waited = watch.idle_seconds(watch.last_at)
+    return error
+
+
+def _stalled_error(parties: Sequence[_Party], watch: StallWatch,
+                   every_party: bool) -> EngineError:
     limit = f"{watch.limit:g} s"
     stopped = sorted(watch.stopped)
     if every_party and stopped:

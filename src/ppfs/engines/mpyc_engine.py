@@ -441,6 +441,9 @@ class MpycEngine:
                     raise error(
                         f"MPyC party {culprit.name} failed: {self._reason(culprit)}",
                         party=self._accused(culprit) or culprit.name,
+                        # how long this party had waited when its run stopped: the
+                        # gateway weighs a peer's stall report against it
+                        waited=None if watch is None else watch.idle_seconds(now),
                     )
                 if pending and now > deadline:
                     raise TimedOutError("the MPyC run timed out; all parties were stopped")
@@ -571,6 +574,13 @@ def _status_size(w: _Worker) -> int:
 
 def _stalled(workers: list[_Worker], watch: StallWatch, every_party: bool) -> EngineError:
     """The error for a run in which no worker computed or printed for ``watch.limit``."""
+    error = _stalled_error(workers, watch, every_party)
+    error.waited = watch.idle_seconds(watch.last_at)
+    return error
+
+
+def _stalled_error(workers: list[_Worker], watch: StallWatch,
+                   every_party: bool) -> EngineError:
     limit = f"{watch.limit:g} s"
     stopped = sorted(watch.stopped)
     if every_party and stopped:

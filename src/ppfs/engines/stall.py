@@ -166,6 +166,11 @@ class StallWatch:
         return 0.0 if self._progress_at is None else now - self._progress_at
 
     @property
+    def last_at(self) -> float:
+        """When the last sample was taken (0 before the first)."""
+        return 0.0 if self._last_at is None else self._last_at
+
+    @property
     def stalled(self) -> bool:
         """True when the last sample came ``limit`` seconds or more after the last
         progress."""

@@ -369,7 +369,7 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job_id", "state", "phase", "progress", "error", "program_sha256", "seconds", "bytes_sent", "failure")
+    __slots__ = ("job_id", "state", "phase", "progress", "error", "program_sha256", "seconds", "bytes_sent", "failure", "waited_seconds")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -379,6 +379,7 @@ class JobStatus(_message.Message):
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    WAITED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: JobState
     phase: str
@@ -388,7 +389,8 @@ class JobStatus(_message.Message):
     seconds: float
     bytes_sent: int
     failure: FailureKind
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., phase: _Optional[str] = ..., progress: _Optional[float] = ..., error: _Optional[str] = ..., program_sha256: _Optional[str] = ..., seconds: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., failure: _Optional[_Union[FailureKind, str]] = ...) -> None: ...
+    waited_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., phase: _Optional[str] = ..., progress: _Optional[float] = ..., error: _Optional[str] = ..., program_sha256: _Optional[str] = ..., seconds: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., failure: _Optional[_Union[FailureKind, str]] = ..., waited_seconds: _Optional[float] = ...) -> None: ...
 
 class WatchJobRequest(_message.Message):
     __slots__ = ("job_id",)
