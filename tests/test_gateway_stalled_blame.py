@@ -40,10 +40,12 @@ def _running(analyst: GatewayClient, job_id: str) -> None:
         time.sleep(0.05)
 
 
-def _report(s: Stack, job_id: str, party: int, failure: int, error: str) -> None:
+def _report(s: Stack, job_id: str, party: int, failure: int, error: str,
+            waited: float | None = None) -> None:
     async def go() -> None:
+        extra = {} if waited is None else {"waited_seconds": waited}
         s.cluster.parties[party].set(job_id, state=pb.JOB_STATE_FAILED, phase="failed",
-                                     error=error, failure=failure)
+                                     error=error, failure=failure, **extra)
     s.loop.run(go())
 
 
@@ -93,3 +95,81 @@ def test_the_jobs_failure_kind_is_the_named_partys_not_a_stall(stack: Stack) -> 
     final = wait_final(stack.client("analyst-1"), job_id)
     assert final["error"].startswith("Carol failed: "), final["error"]
     assert final["failure_kind"] == "own", final
+
+
+def test_a_party_that_stops_its_engine_and_reports_a_stall_is_named(stack: Stack) -> None:
+    # Carol kills her engine while Alice and Bob compute, then claims she waited 600 s
+    # on a peer: they lost her having waited a second or two, which refutes her stall
+    job_id = _started(stack)
+    _report(stack, job_id, 0, pb.FAILURE_KIND_PEER_LOST, "lost its peer Carol", waited=1.0)
+    _report(stack, job_id, 1, pb.FAILURE_KIND_PEER_LOST, "lost its peer Carol", waited=2.5)
+    time.sleep(0.5)
+    _report(stack, job_id, 2, pb.FAILURE_KIND_STALLED, STALLED, waited=601.0)
+    final = wait_final(stack.client("analyst-1"), job_id)
+    assert final["state"] == "failed"
+    assert final["error"].startswith("Carol failed: "), final["error"]
+    assert "no party is blamed" not in final["error"]
+
+
+def test_a_stall_reported_first_is_refuted_all_the_same(stack: Stack) -> None:
+    job_id = _started(stack)
+    _report(stack, job_id, 2, pb.FAILURE_KIND_STALLED, STALLED, waited=601.0)
+    time.sleep(0.5)
+    _report(stack, job_id, 0, pb.FAILURE_KIND_PEER_LOST, "lost its peer Carol", waited=0.0)
+    _report(stack, job_id, 1, pb.FAILURE_KIND_PEER_LOST, "lost its peer Carol", waited=3.0)
+    final = wait_final(stack.client("analyst-1"), job_id)
+    assert final["error"].startswith("Carol failed: "), final["error"]
+
+
+def test_one_corrupted_party_cannot_get_an_honest_stall_reporter_named(stack: Stack) -> None:
+    # Carol froze her engine: Alice stalled after 601 s; Bob, left waiting as long, lost
+    # Alice when her engine stopped; Carol then says she lost Alice at once. Bob's long
+    # wait backs Alice's stall: nobody is named, as for any freeze nobody can pin
+    job_id = _started(stack)
+    _report(stack, job_id, 0, pb.FAILURE_KIND_STALLED, STALLED, waited=601.0)
+    _report(stack, job_id, 1, pb.FAILURE_KIND_PEER_LOST, "lost its peer Alice", waited=598.0)
+    _report(stack, job_id, 2, pb.FAILURE_KIND_PEER_LOST, "lost its peer Alice", waited=0.0)
+    final = wait_final(stack.client("analyst-1"), job_id)
+    assert final["state"] == "failed"
+    assert "no party is blamed" in final["error"], final["error"]
+    assert not final["error"].startswith(("Alice failed", "Bob failed", "Carol failed"))
+
+
+def test_a_party_that_reports_no_wait_backs_the_stall(stack: Stack) -> None:
+    # Bob runs without a stall watch (or predates waited_seconds): his word is unknown,
+    # and unknown never names the stall reporter
+    job_id = _started(stack)
+    _report(stack, job_id, 0, pb.FAILURE_KIND_PEER_LOST, "lost its peer Carol", waited=1.0)
+    _report(stack, job_id, 1, pb.FAILURE_KIND_PEER_LOST, "lost its peer Carol")
+    _report(stack, job_id, 2, pb.FAILURE_KIND_STALLED, STALLED, waited=601.0)
+    final = wait_final(stack.client("analyst-1"), job_id)
+    assert "no party is blamed" in final["error"], final["error"]
+
+
+def _status(failure: int, waited: float | None = None) -> pb.JobStatus:
+    st = pb.JobStatus(state=pb.JOB_STATE_FAILED, failure=failure)
+    if waited is not None:
+        st.waited_seconds = waited
+    return st
+
+
+def test_the_refutation_rule() -> None:
+    from ppfs_gateway.jobs import refuted_stall
+
+    lost, stalled = pb.FAILURE_KIND_PEER_LOST, pb.FAILURE_KIND_STALLED
+    liar = {"Alice": _status(lost, 1.0), "Bob": _status(lost, 0.0),
+            "Carol": _status(stalled, 600.0)}
+    assert refuted_stall(liar) == ("Carol", 600.0, 1.0)
+    # a wait comparable to the claimed idle time, an unknown one, a party that did not
+    # lose a peer, or a second stall report backs it
+    for bob in (_status(lost, 597.0), _status(lost), _status(pb.FAILURE_KIND_OWN, 0.0),
+                _status(stalled, 600.0), pb.JobStatus(state=pb.JOB_STATE_RUNNING)):
+        assert refuted_stall({**liar, "Bob": bob}) is None
+    # a claim of unknown length, or one too short to tell from the watches' sampling
+    # (the 4 s limits of the real-daemon freeze tests), is never refuted
+    assert refuted_stall({**liar, "Carol": _status(stalled)}) is None
+    assert refuted_stall({"Alice": _status(lost, 0.0), "Bob": _status(lost, 0.0),
+                          "Carol": _status(stalled, 7.0)}) is None
+    # two parties: the other's word alone would decide
+    assert refuted_stall({"Alice": _status(lost, 0.0), "Carol": _status(stalled, 600.0)}) \
+        is None

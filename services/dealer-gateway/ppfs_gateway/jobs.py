@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,6 +48,7 @@ from ppfs.contract import (
     training_from_body,
 )
 from ppfs.contract import IncompatibleDatasets as _Incompatible
+from ppfs.engines.stall import SAMPLE_SECONDS
 from ppfs.errors import ParameterError
 from ppfs.jobflags import ENGINE_SECURITIES
 from ppfs.step2a import Security, Step2AShape
@@ -121,6 +122,59 @@ def _stalled(st: pb.JobStatus) -> bool:
     """A run that made no progress: its reporter waited on a peer it cannot name, and the
     peer whose engine stopped may report that as its own failure a few seconds later."""
     return FailureKind.from_proto(st.failure) is FailureKind.STALLED
+
+
+# A stall report is refuted only by waits this far below half the reporter's claimed
+# idle time: each party's watch samples every SAMPLE_SECONDS, so an idle time it reports
+# may fall short of the true one by a sample, and its run ends up to a sample after the
+# last one it took.
+REFUTE_SLACK = 2 * SAMPLE_SECONDS
+
+
+def refuted_stall(statuses: Mapping[str, pb.JobStatus]) -> tuple[str, float, float] | None:
+    """(party, idle time it claims, longest wait of the others) when exactly one party
+    reported its run STALLED and every other party refutes it; else None.
+
+    An honest stall reporter waited ``claimed`` seconds (at least its stall limit) on a
+    peer that stopped answering; the peers it left waiting went idle at most one
+    computation step after it did, so when its engine stopped they lost it having
+    waited about as long. A party that instead stops its own engine while the others
+    compute, then reports a stall, leaves them having waited a few seconds at most. The
+    report is refuted when every other party lost a peer (PEER_LOST) with a known wait
+    (``waited_seconds``) under ``claimed / 2 - REFUTE_SLACK``; sound while the longest
+    step one party computes as the others wait stays under a quarter of the stall limit
+    (far below it: :data:`ppfs.engines.stall.DEFAULT_STALL_SECONDS`). A wait not
+    reported (a party without a stall watch, or older) or long, a party that did not
+    lose a peer, or a second stall report backs the stall: a single corrupted party
+    cannot get an honest stall reporter named, as an honest party left waiting reports a
+    long wait whatever the corrupted one says. Never with fewer than three parties (the
+    only other party's word would decide)."""
+    stalls = [name for name, st in statuses.items()
+              if st.state == pb.JOB_STATE_FAILED and _stalled(st)]
+    if len(statuses) < 3 or len(stalls) != 1:
+        return None
+    party = stalls[0]
+    report = statuses[party]
+    if not report.HasField("waited_seconds"):
+        return None
+    claimed = report.waited_seconds
+    bound = claimed / 2 - REFUTE_SLACK
+    waits = []
+    for name, st in statuses.items():
+        if name == party:
+            continue
+        if (st.state != pb.JOB_STATE_FAILED
+                or FailureKind.from_proto(st.failure) is not FailureKind.PEER_LOST
+                or not st.HasField("waited_seconds") or not st.waited_seconds < bound):
+            return None
+        waits.append(st.waited_seconds)
+    return party, claimed, max(waits)
+
+
+def refuted_reason(party: str, claimed: float, longest: float) -> str:
+    return (f"{party} failed: it reported its run stalled after {claimed:.0f} s without "
+            f"progress, yet every other party lost its engine having waited at most "
+            f"{longest:.0f} s (its engine stopped while they computed)")
 
 
 def failure_reason(party: str, st: pb.JobStatus) -> str:
@@ -751,7 +805,7 @@ class JobCoordinator:
         if state == "failed":
             reason = failure_reason(c.name, st)
             if _symptom(st) or _stalled(st):
-                reason = await self._blame(job_id, c, reason, _stalled(st))
+                reason = await self._blame(job_id, c, reason, st)
             elif FailureKind.from_proto(st.failure) is FailureKind.RESTARTED:
                 reason = await self._all_stopped(job_id, c, reason)
             await self._fail(job_id, reason)
@@ -769,16 +823,20 @@ class JobCoordinator:
                 self._notify(job_id)
 
     async def _blame(self, job_id: str, reporter: PartyClient, reason: str,
-                     reported_stall: bool = False) -> str:
+                     reported: pb.JobStatus) -> str:
         """A party whose engine stopped because a peer went away is a symptom: look for the
         cause (a party that is unreachable, or failed for a reason of its own) for a few
         seconds before naming the reporter. A stall (the reporter's or another party's)
         is no cause either: every party left waiting reports one, and the party whose
         engine was stopped reports its own failure after the same stall limit, a sample
-        or two apart; only without a cause does the job fail as stalled, blaming nobody."""
+        or two apart; only without a cause does the job fail as stalled, blaming nobody,
+        unless every other party's wait refutes the one stall report
+        (:func:`refuted_stall`): then its reporter is named."""
         deadline = time.monotonic() + BLAME_SECONDS
+        reported_stall = _stalled(reported)
         stalled: str | None = None  # another party's stall, failing any cause
         while True:
+            seen = {reporter.name: reported}
             for other in self.parties.clients:
                 if other is reporter:
                     continue
@@ -788,10 +846,14 @@ class JobCoordinator:
                     return f"{other.name} does not know the job"
                 except GatewayError:
                     return f"lost the connection to {other.name}"
+                seen[other.name] = st
                 if st.state == pb.JOB_STATE_FAILED and _stalled(st):
                     stalled = stalled or failure_reason(other.name, st)
                 elif st.state == pb.JOB_STATE_FAILED and not _symptom(st):
                     return failure_reason(other.name, st)
+            refuted = refuted_stall(seen)
+            if refuted is not None:
+                return refuted_reason(*refuted)
             if time.monotonic() >= deadline or self._final(job_id):
                 # the reporter's own stall says the same, naming it as the reporter
                 return stalled if stalled is not None and not reported_stall else reason
