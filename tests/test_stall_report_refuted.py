@@ -40,15 +40,27 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     s.close()
 
 
+def _ours(pid: int) -> bool:
+    """Whether ``pid`` descends from this process (the daemons run in it): never another
+    run's MP-SPDZ party on the same machine."""
+    me = os.getpid()
+    while pid > 1:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        pid = int(stat[stat.rfind(b")") + 2:].split()[1])
+        if pid == me:
+            return True
+    return False
+
+
 def _engine_of(party: int) -> int | None:
     """The pid of this process's MP-SPDZ party process for ``party``, if running."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError, IndexError):
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             if argv[0].endswith(b"-party.x") and b"-p" in argv and \
-                    argv[argv.index(b"-p") + 1] == str(party).encode():
+                    argv[argv.index(b"-p") + 1] == str(party).encode() and _ours(int(entry)):
                 return int(entry)
     return None
 
