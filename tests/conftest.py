@@ -15,11 +15,14 @@ from service_fakes import RealCluster, Stack, make_stack
 def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
     """A gateway over fake parties (tests/service_fakes.py), for one test; over the real
     party daemons (in this process, the MPyC engine) in a module that sets
-    ``PARTY_DAEMONS = True``. A module may define its own ``stack`` where it needs
-    another."""
+    ``PARTY_DAEMONS = True``; the fake parties hold every job running until released
+    in a module that sets ``HOLD_JOBS = True``. A module may define its own ``stack``
+    where it needs another."""
     daemons = getattr(request.module, "PARTY_DAEMONS", False)
     s = make_stack(tmp_path, cluster=RealCluster(3, tmp_path, engines=("mpyc",))
                    if daemons else None)
+    if getattr(request.module, "HOLD_JOBS", False):
+        s.cluster.hold = True
     yield s
     s.close()
 

@@ -647,6 +647,14 @@ def owner_table(t, rows=slice(None), cols=None, label=True) -> OwnerTable:
     )
 
 
+def wait_running(client: GatewayClient, job_id: str, timeout: float = 30) -> None:
+    """Until the gateway shows the job running."""
+    deadline = time.monotonic() + timeout
+    while client.get_job(job_id)["state"] != "running":
+        assert time.monotonic() < deadline, f"job {job_id} did not start running"
+        time.sleep(0.05)
+
+
 def wait_final(client: GatewayClient, job_id: str, timeout: float = 30) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

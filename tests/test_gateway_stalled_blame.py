@@ -10,34 +10,17 @@ does for a lost peer, rather than end the job "blaming nobody" on the first stal
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-from ppfs_client.sdk import GatewayClient
-from service_fakes import Stack, horizontal_setup, make_stack, wait_final
+from service_fakes import Stack, horizontal_setup, wait_final, wait_running
 
 from ppfs.v1 import party_pb2 as pb
+
+HOLD_JOBS = True  # the fake parties hold every job running until released
 
 STALLED = ("the MP-SPDZ run made no progress for 600 s (this party neither computed nor "
            "printed, waiting for its peers): a peer stopped answering; the run stopped")
 OWN = ("the MP-SPDZ run made no progress for 600 s: this party's (Carol) engine process "
        "is stopped (suspended); the run stopped")
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path)
-    s.cluster.hold = True  # jobs run until released
-    yield s
-    s.close()
-
-
-def _running(analyst: GatewayClient, job_id: str) -> None:
-    deadline = time.monotonic() + 30
-    while analyst.get_job(job_id)["state"] != "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
 
 
 def _report(s: Stack, job_id: str, party: int, failure: int, error: str,
@@ -54,7 +37,7 @@ def _started(s: Stack) -> str:
     job = s.client("analyst-1").submit(s.keys["analyst-1"], ids, label="label", k=2,
                                        engine="mpyc")
     job_id = str(job["id"])
-    _running(s.client("analyst-1"), job_id)
+    wait_running(s.client("analyst-1"), job_id)
     return job_id
 
 
@@ -82,7 +65,6 @@ def test_a_lost_peer_finding_a_stall_keeps_looking_for_the_cause(stack: Stack) -
     _report(stack, job_id, 2, pb.FAILURE_KIND_OWN, OWN)
     final = wait_final(stack.client("analyst-1"), job_id)
     assert final["error"].startswith("Carol failed: "), final["error"]
-
 
 
 def test_the_jobs_failure_kind_is_the_named_partys_not_a_stall(stack: Stack) -> None:

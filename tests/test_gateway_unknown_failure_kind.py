@@ -6,25 +6,14 @@ leaving the job running."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-from service_fakes import Stack, horizontal_setup, make_stack, wait_final
+from service_fakes import Stack, horizontal_setup, wait_final, wait_running
 
 from ppfs.contract import FailureKind
 from ppfs.v1 import party_pb2 as pb
 
+HOLD_JOBS = True  # the fake parties hold every job running until released
+
 UNKNOWN = max(pb.FailureKind.values()) + 1  # a kind added after this gateway
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path)
-    s.cluster.hold = True  # jobs run until released
-    yield s
-    s.close()
 
 
 def test_a_kind_the_gateway_does_not_know_reads_as_none() -> None:
@@ -38,10 +27,7 @@ def test_a_job_failed_with_an_unknown_kind_ends_naming_the_reporter(stack: Stack
     analyst = stack.client("analyst-1")
     job_id = str(analyst.submit(stack.keys["analyst-1"], ids, label="label", k=2,
                                 engine="mpyc")["id"])
-    deadline = time.monotonic() + 30
-    while analyst.get_job(job_id)["state"] != "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_running(analyst, job_id)
 
     async def report() -> None:
         stack.cluster.parties[1].set(job_id, state=pb.JOB_STATE_FAILED, phase="failed",

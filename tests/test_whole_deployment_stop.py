@@ -5,30 +5,13 @@ party that stopped while its peers ran on is still named."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from ppfs_client.sdk import GatewayClient
-from service_fakes import Stack, horizontal_setup, make_stack, wait_final
+from service_fakes import Stack, horizontal_setup, wait_final, wait_running
 
 from ppfs.v1 import party_pb2 as pb
 
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path)
-    s.cluster.hold = True  # jobs run until released
-    yield s
-    s.close()
-
-
-def _running(analyst: GatewayClient, job_id: str) -> None:
-    deadline = time.monotonic() + 30
-    while analyst.get_job(job_id)["state"] != "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+HOLD_JOBS = True  # the fake parties hold every job running until released
 
 
 def _stopped(s: Stack, job_id: str, parties: range) -> None:
@@ -48,7 +31,7 @@ def _submit(s: Stack, ids: list[str]) -> str:
 def test_every_party_stopped_blames_none(stack: Stack) -> None:
     _, ids, _ = horizontal_setup(stack, m=20, p=4)
     job_id = _submit(stack, ids)
-    _running(stack.client("analyst-1"), job_id)
+    wait_running(stack.client("analyst-1"), job_id)
     stack.gateway.stop()  # ppfs up stops the gateway, then the parties
     _stopped(stack, job_id, range(3))
     stack.restart_gateway()  # and starts them all again
@@ -63,7 +46,7 @@ def test_every_party_stopped_blames_none(stack: Stack) -> None:
 def test_one_party_stopped_is_named(stack: Stack) -> None:
     _, ids, _ = horizontal_setup(stack, m=20, p=4)
     job_id = _submit(stack, ids)
-    _running(stack.client("analyst-1"), job_id)
+    wait_running(stack.client("analyst-1"), job_id)
     _stopped(stack, job_id, range(2, 3))  # Carol alone; Alice and Bob still run
     final = wait_final(stack.client("analyst-1"), job_id)
     assert final["state"] == "failed"
