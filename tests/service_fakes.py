@@ -532,6 +532,12 @@ class RealCluster:
     def gateway_settings(
         self, state_dir: Path, tokens: list[dict[str, str]], **kw: Any
     ) -> Settings:
+        # the gateway's stall floor is the parties' smallest stall limit, as a deployment
+        # configures it (0 runs no stall watch; none set: the engines' default, above the
+        # gateway's default floor)
+        limits = [s.stall_timeout for s in self.dep.settings if s.stall_timeout]
+        if limits:
+            kw.setdefault("stall_floor_seconds", min(limits))
         return Settings.model_validate(
             {
                 "state_dir": str(state_dir),

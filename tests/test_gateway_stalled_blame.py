@@ -9,10 +9,23 @@ does for a lost peer, rather than end the job "blaming nobody" on the first stal
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
-from service_fakes import Stack, horizontal_setup, wait_final, wait_running
+import pytest
+from ppfs_gateway.core.config import load_settings
+from service_fakes import (
+    FakeCluster,
+    Stack,
+    horizontal_setup,
+    make_stack,
+    tokens,
+    wait_final,
+    wait_running,
+)
 
+from ppfs.errors import ParameterError
 from ppfs.v1 import party_pb2 as pb
 
 HOLD_JOBS = True  # the fake parties hold every job running until released
@@ -155,3 +168,124 @@ def test_the_refutation_rule() -> None:
     # two parties: the other's word alone would decide
     assert refuted_stall({"Alice": _status(lost, 0.0), "Carol": _status(stalled, 600.0)}) \
         is None
+
+
+# -- the stall floor: no party of the deployment stalls sooner (stall_floor_seconds) --
+
+
+def _liar_claims(s: Stack, waited: float | None) -> str:
+    # Carol kills her engine while Alice and Bob compute, then claims a short stall, as
+    # though her limit were a few seconds: they lost her having waited next to nothing
+    job_id = _started(s)
+    _report(s, job_id, 0, pb.FAILURE_KIND_PEER_LOST, "lost its peer Carol", waited=0.0)
+    _report(s, job_id, 1, pb.FAILURE_KIND_PEER_LOST, "lost its peer Carol", waited=0.5)
+    time.sleep(0.5)
+    _report(s, job_id, 2, pb.FAILURE_KIND_STALLED, STALLED, waited=waited)
+    final = wait_final(s.client("analyst-1"), job_id)
+    assert final["state"] == "failed", final
+    return str(final["error"])
+
+
+def test_a_short_stall_claim_is_taken_as_the_floor_and_refuted(stack: Stack) -> None:
+    # the default floor (60 s): a 5 s claim counts as 60 s, which waits of a second refute
+    assert stack.gateway.settings.stall_floor_seconds == 60.0
+    error = _liar_claims(stack, 5.0)
+    assert error.startswith("Carol failed: "), error
+    assert "no party is blamed" not in error
+    assert "after 5 s" in error and "60 s" in error, error
+
+
+def test_a_stall_claimed_without_its_length_is_taken_as_the_floor(stack: Stack) -> None:
+    error = _liar_claims(stack, None)
+    assert error.startswith("Carol failed: "), error
+
+
+def test_without_a_floor_a_short_claim_is_taken_at_its_word(tmp_path: Path) -> None:
+    # stall_floor_seconds 0 (some party runs a stall limit of a few seconds): nothing can
+    # tell a 5 s claim from the watches' sampling, so the stall names nobody
+    s = make_stack(tmp_path, stall_floor_seconds=0.0)
+    s.cluster.hold = True
+    try:
+        for waited in (5.0, None):
+            error = _liar_claims(s, waited)
+            assert "no party is blamed" in error, (waited, error)
+            assert not error.startswith(("Alice failed", "Bob failed", "Carol failed"))
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("floor", [60.0, 600.0])
+def test_the_floor_does_not_let_one_corrupted_party_frame_an_honest_one(
+    tmp_path: Path, floor: float,
+) -> None:
+    # Alice stalled honestly after 600 s (her limit, at least the floor); Bob, left
+    # waiting as long, lost her at 598 s; Carol, who froze her engine, says she lost
+    # Alice at once. Bob's long wait backs Alice's stall whatever the floor
+    s = make_stack(tmp_path, stall_floor_seconds=floor)
+    s.cluster.hold = True
+    try:
+        job_id = _started(s)
+        _report(s, job_id, 0, pb.FAILURE_KIND_STALLED, STALLED, waited=600.0)
+        _report(s, job_id, 1, pb.FAILURE_KIND_PEER_LOST, "lost its peer Alice", waited=598.0)
+        _report(s, job_id, 2, pb.FAILURE_KIND_PEER_LOST, "lost its peer Alice", waited=0.0)
+        final = wait_final(s.client("analyst-1"), job_id)
+        assert final["state"] == "failed"
+        assert "no party is blamed" in final["error"], final["error"]
+        assert not final["error"].startswith(("Alice failed", "Bob failed", "Carol failed"))
+    finally:
+        s.close()
+
+
+def test_the_refutation_rule_with_a_floor() -> None:
+    from ppfs_gateway.jobs import refuted_stall
+
+    lost, stalled = pb.FAILURE_KIND_PEER_LOST, pb.FAILURE_KIND_STALLED
+    others = {"Alice": _status(lost, 0.0), "Bob": _status(lost, 1.0)}
+    # a claim below the floor, none, or a NaN counts as the floor: 60 / 2 - 6 = 24 s
+    for claim in (5.0, 0.0, -3.0, float("nan"), None):
+        report = {**others, "Carol": _status(stalled, claim)}
+        assert refuted_stall(report, floor=60.0) is not None, claim
+        assert refuted_stall(report) is None, claim  # no floor: the old rule
+    found = refuted_stall({**others, "Carol": _status(stalled, 5.0)}, floor=60.0)
+    assert found == ("Carol", 5.0, 1.0)
+    assert refuted_stall({**others, "Carol": _status(stalled, None)}, floor=60.0) == \
+        ("Carol", None, 1.0)
+    # the floor's refuting bound, not more: a wait of 24 s or more backs the stall
+    near = {"Alice": _status(lost, 23.9), "Bob": _status(lost, 0.0),
+            "Carol": _status(stalled, 5.0)}
+    assert refuted_stall(near, floor=60.0) == ("Carol", 5.0, 23.9)
+    assert refuted_stall({**near, "Alice": _status(lost, 24.0)}, floor=60.0) is None
+    # a claim above the floor keeps its own bound
+    assert refuted_stall({**near, "Carol": _status(stalled, 600.0)}, floor=60.0) == \
+        ("Carol", 600.0, 23.9)
+    # an honest stall backed by a long wait, a second stall, or two parties: as before
+    honest = {"Alice": _status(stalled, 600.0), "Bob": _status(lost, 598.0),
+              "Carol": _status(lost, 0.0)}
+    assert refuted_stall(honest, floor=60.0) is None
+    assert refuted_stall(honest, floor=600.0) is None
+    assert refuted_stall({**others, "Alice": _status(stalled, 5.0),
+                          "Carol": _status(stalled, 5.0)}, floor=60.0) is None
+    assert refuted_stall({"Alice": _status(lost, 0.0), "Carol": _status(stalled, 5.0)},
+                         floor=60.0) is None
+
+
+def test_the_stall_floor_setting(tmp_path: Path) -> None:
+    cfg, _ = tokens(("admin", "root"))
+    cluster = FakeCluster(3, tmp_path)  # its PKI only
+    settings = cluster.gateway_settings(tmp_path / "gateway", cfg)
+    assert settings.stall_floor_seconds == 60.0
+    for ok in (0, 4, 600, 86_400):
+        assert cluster.gateway_settings(tmp_path / "gateway", cfg,
+                                        stall_floor_seconds=ok).stall_floor_seconds == ok
+    body = json.loads(settings.model_dump_json(exclude={"tokens_file"}))
+    body["tokens"] = cfg
+    config = tmp_path / "gateway.json"
+    for bad in (-1, 86_401, "NaN", "inf", "sixty", None):
+        config.write_text(json.dumps({**body, "stall_floor_seconds": bad}))
+        with pytest.raises(ParameterError) as err:
+            load_settings(config, env={})
+        msg = str(err.value)
+        assert "invalid gateway config in stall_floor_seconds" in msg, (bad, msg)
+        assert "smallest --stall-timeout of any party" in msg, msg
+    config.write_text(json.dumps({**body, "stall_floor_seconds": 4}))
+    assert load_settings(config, env={}).stall_floor_seconds == 4.0

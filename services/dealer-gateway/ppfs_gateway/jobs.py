@@ -23,6 +23,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -131,9 +132,11 @@ def _stalled(st: pb.JobStatus) -> bool:
 REFUTE_SLACK = 2 * SAMPLE_SECONDS
 
 
-def refuted_stall(statuses: Mapping[str, pb.JobStatus]) -> tuple[str, float, float] | None:
-    """(party, idle time it claims, longest wait of the others) when exactly one party
-    reported its run STALLED and every other party refutes it; else None.
+def refuted_stall(statuses: Mapping[str, pb.JobStatus],
+                  floor: float = 0.0) -> tuple[str, float | None, float] | None:
+    """(party, idle time it claims (None: it claims none), longest wait of the others)
+    when exactly one party reported its run STALLED and every other party refutes it;
+    else None.
 
     An honest stall reporter waited ``claimed`` seconds (at least its stall limit) on a
     peer that stopped answering; the peers it left waiting went idle at most one
@@ -141,24 +144,36 @@ def refuted_stall(statuses: Mapping[str, pb.JobStatus]) -> tuple[str, float, flo
     waited about as long. A party that instead stops its own engine while the others
     compute, then reports a stall, leaves them having waited a few seconds at most. The
     report is refuted when every other party lost a peer (PEER_LOST) with a known wait
-    (``waited_seconds``) under ``claimed / 2 - REFUTE_SLACK``; sound while the longest
-    step one party computes as the others wait stays under a quarter of the stall limit
-    (far below it: :data:`ppfs.engines.stall.DEFAULT_STALL_SECONDS`). A wait not
-    reported (a party without a stall watch, or older) or long, a party that did not
+    (``waited_seconds``) under ``max(claimed, floor) / 2 - REFUTE_SLACK``; sound while
+    the longest step one party computes as the others wait stays under a quarter of the
+    stall limit (far below it: :data:`ppfs.engines.stall.DEFAULT_STALL_SECONDS`). A wait
+    not reported (a party without a stall watch, or older) or long, a party that did not
     lose a peer, or a second stall report backs the stall: a single corrupted party
     cannot get an honest stall reporter named, as an honest party left waiting reports a
     long wait whatever the corrupted one says. Never with fewer than three parties (the
-    only other party's word would decide)."""
+    only other party's word would decide).
+
+    ``claimed`` is the reporter's own word, and so is its stall limit: a party that
+    kills its engine and claims a short stall (or none) would leave nothing to refute.
+    ``floor`` (the gateway's ``stall_floor_seconds``) is the smallest stall limit any
+    party of the deployment uses, so a claim below it, or none, is taken as the floor:
+    an honest party never stalls sooner. This assumes that every party's
+    ``--stall-timeout`` is 0 (no stall watch: it never reports a stall) or at least the
+    floor; a party configured below it can be named for an honest stall, which is a
+    misconfiguration of the deployment. ``floor`` 0: a claim is taken at its word, and
+    one of unknown length is never refuted."""
     stalls = [name for name, st in statuses.items()
               if st.state == pb.JOB_STATE_FAILED and _stalled(st)]
     if len(statuses) < 3 or len(stalls) != 1:
         return None
     party = stalls[0]
     report = statuses[party]
-    if not report.HasField("waited_seconds"):
+    claimed: float | None = report.waited_seconds
+    if not report.HasField("waited_seconds") or math.isnan(report.waited_seconds):
+        claimed = None  # (a NaN would compare as no length at all)
+    if claimed is None and floor <= 0:
         return None
-    claimed = report.waited_seconds
-    bound = claimed / 2 - REFUTE_SLACK
+    bound = max(claimed or 0.0, floor) / 2 - REFUTE_SLACK
     waits = []
     for name, st in statuses.items():
         if name == party:
@@ -171,10 +186,18 @@ def refuted_stall(statuses: Mapping[str, pb.JobStatus]) -> tuple[str, float, flo
     return party, claimed, max(waits)
 
 
-def refuted_reason(party: str, claimed: float, longest: float) -> str:
-    return (f"{party} failed: it reported its run stalled after {claimed:.0f} s without "
-            f"progress, yet every other party lost its engine having waited at most "
-            f"{longest:.0f} s (its engine stopped while they computed)")
+def refuted_reason(party: str, claimed: float | None, longest: float,
+                   floor: float = 0.0) -> str:
+    if claimed is None:
+        said = (f"it reported its run stalled, which no party does before {floor:.0f} s "
+                f"without progress")
+    elif claimed < floor:
+        said = (f"it reported its run stalled after {claimed:.0f} s without progress, "
+                f"which no party does before {floor:.0f} s")
+    else:
+        said = f"it reported its run stalled after {claimed:.0f} s without progress"
+    return (f"{party} failed: {said}, yet every other party lost its engine having waited "
+            f"at most {longest:.0f} s (its engine stopped while they computed)")
 
 
 def failure_reason(party: str, st: pb.JobStatus) -> str:
@@ -387,11 +410,14 @@ class JobCoordinator:
 
     def __init__(
         self, registry: Registry, parties: Parties, lost_seconds: float,
-        max_concurrent: int = 1, rpc_seconds: float = 5.0,
+        max_concurrent: int = 1, rpc_seconds: float = 5.0, stall_floor: float = 0.0,
     ) -> None:
         self.registry = registry
         self.parties = parties
         self.lost_seconds = lost_seconds
+        # the smallest stall limit of any party (stall_floor_seconds): a stall reported
+        # after less is taken as this long (refuted_stall); 0: none
+        self.stall_floor = stall_floor
         # A lost party is declared failed at most lost_seconds after it went away: the
         # last good poll is <= poll_seconds old when it dies, the next poll may hang for
         # rpc_seconds, so the silence allowed is what is left of the budget. A poll, like
@@ -851,9 +877,9 @@ class JobCoordinator:
                     stalled = stalled or failure_reason(other.name, st)
                 elif st.state == pb.JOB_STATE_FAILED and not _symptom(st):
                     return failure_reason(other.name, st)
-            refuted = refuted_stall(seen)
+            refuted = refuted_stall(seen, self.stall_floor)
             if refuted is not None:
-                return refuted_reason(*refuted)
+                return refuted_reason(*refuted, floor=self.stall_floor)
             if time.monotonic() >= deadline or self._final(job_id):
                 # the reporter's own stall says the same, naming it as the reporter
                 return stalled if stalled is not None and not reported_stall else reason

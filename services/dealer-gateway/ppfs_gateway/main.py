@@ -269,7 +269,8 @@ def create_app(settings: Settings, parties: Parties | None = None) -> FastAPI:
         conn = parties or Parties.connect(settings)
         coordinator = JobCoordinator(registry, conn, settings.party_lost_seconds,
                                      settings.max_concurrent_jobs,
-                                     rpc_seconds=settings.party_rpc_seconds)
+                                     rpc_seconds=settings.party_rpc_seconds,
+                                     stall_floor=settings.stall_floor_seconds)
         app.state.resources = GatewayResources(
             settings=settings,
             registry=registry,

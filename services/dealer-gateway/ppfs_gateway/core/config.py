@@ -10,6 +10,7 @@ The config file is JSON::
       "tokens_file": "tokens.json",
       "https_cert": "https.pem", "https_key": "https.key",    (optional)
       "max_concurrent_jobs": 2,                               (optional, default 1)
+      "stall_floor_seconds": 600,                             (optional, default 60)
       "revocation_list": "revocations.json"                   (optional)
     }
 
@@ -47,6 +48,12 @@ from ppfs.errors import ParameterError
 CONFIG_ENV = "PPFS_GATEWAY_CONFIG"
 TOKENS_ENV = "PPFS_GATEWAY_TOKENS_FILE"
 EXPIRES_AT_FORM = 'an ISO 8601 time with its zone, such as "2027-01-31T00:00:00Z"'
+DEFAULT_STALL_FLOOR_SECONDS = 60.0
+MAX_STALL_FLOOR_SECONDS = 86_400.0  # the longest --stall-timeout a party takes
+STALL_FLOOR_FORM = (
+    "stall_floor_seconds is the smallest --stall-timeout of any party, 0 .. 86400 "
+    "seconds (0: no floor)"
+)
 
 
 class Role(enum.StrEnum):
@@ -121,6 +128,12 @@ class Settings(BaseModel):
     port: int = Field(default=8443, ge=0, le=65535)
     max_upload_bytes: int = Field(default=256 << 20, ge=1024)
     party_lost_seconds: float = Field(default=60.0, gt=0)
+    # the smallest stall limit (`ppfs party serve --stall-timeout`) any party of the
+    # deployment uses; every party's is 0 (no stall watch) or at least this. A party
+    # reporting a stall after less is taken to have waited this long, so a party that
+    # stopped its own engine and claims a short stall is named all the same
+    # (ppfs_gateway.jobs.refuted_stall). 0: no floor, a claimed stall is taken at its word
+    stall_floor_seconds: float = DEFAULT_STALL_FLOOR_SECONDS
     # a call a party answers at once (its identity, what it holds, starting, cancelling
     # or reporting a job): a party silent for this long is named as not answering (frozen
     # or overloaded), so a submit fails within seconds instead of waiting on it
@@ -148,6 +161,13 @@ class Settings(BaseModel):
         if (self.https_cert is None) != (self.https_key is None):
             raise ValueError("give both https_cert and https_key, or neither")
         return self
+
+    @field_validator("stall_floor_seconds")
+    @classmethod
+    def _stall_floor(cls, v: float) -> float:
+        if not 0 <= v <= MAX_STALL_FLOOR_SECONDS:
+            raise ValueError(STALL_FLOOR_FORM)
+        return v
 
     @field_validator("parties")
     @classmethod
@@ -245,4 +265,6 @@ def load_settings(
     except ValidationError as exc:
         # the message names fields, never values (a token could be among them)
         fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
-        raise ParameterError(f"{where}: invalid gateway config in {', '.join(fields)}") from None
+        hint = f" ({STALL_FLOOR_FORM})" if "stall_floor_seconds" in fields else ""
+        raise ParameterError(f"{where}: invalid gateway config in {', '.join(fields)}"
+                             f"{hint}") from None
