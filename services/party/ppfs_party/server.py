@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -115,27 +116,28 @@ class PartyServer:
         log.info("[Party.server] %s stopped", self.state.settings.name)
 
 
-async def expire_staged_parts(state: PartyState) -> None:
-    """Abort the staged parts past their expiry, every few minutes, until cancelled."""
-    interval = min(STAGED_CHECK_SECONDS, state.settings.staged_expiry / 4)
+async def _every(interval: float, check: Callable[[], Awaitable[object]], what: str) -> None:
+    """Run ``check`` every ``interval`` seconds until cancelled; a failed round is
+    logged and the next one tries again."""
     while True:
         await asyncio.sleep(interval)
         try:
-            await state.store.expire_staged()
-        except Exception:  # never let the check die; the next round tries again
-            log.exception("[Party.server] the check of staged parts' expiry failed")
+            await check()
+        except Exception:  # never let the check die
+            log.exception("[Party.server] %s failed", what)
+
+
+async def expire_staged_parts(state: PartyState) -> None:
+    """Abort the staged parts past their expiry, every few minutes, until cancelled."""
+    await _every(min(STAGED_CHECK_SECONDS, state.settings.staged_expiry / 4),
+                 state.store.expire_staged, "the check of staged parts' expiry")
 
 
 async def prune_jobs(state: PartyState) -> None:
     """Prune the jobs past their retention, every hour (sooner with a retention of a
     few hours), until cancelled."""
-    interval = min(JOB_PRUNE_SECONDS, state.settings.job_retention / 4)
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            await state.jobs.prune()
-        except Exception:  # never let the check die; the next round tries again
-            log.exception("[Party.server] the pruning of ended jobs failed")
+    await _every(min(JOB_PRUNE_SECONDS, state.settings.job_retention / 4),
+                 state.jobs.prune, "the pruning of ended jobs")
 
 
 async def start_party_server(
